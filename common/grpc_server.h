@@ -1,0 +1,95 @@
+#pragma once
+// gRPC bootstrap shared by every binary: a public server (frontend-facing services, standard
+// health checking, reflection) and an optional admin server on its own port (admin services are
+// never registered on the public port), graceful shutdown on SIGTERM/SIGINT, and client channels
+// with explicit message limits and keepalive.
+//
+//   int main() {
+//     hlem::InstallShutdownSignals();             // first, before any thread exists
+//     ... build cores and services ...
+//     ASSIGN_OR_RETURN(auto server, hlem::GrpcServer::Create(opts, {&svc}, {&admin_svc}));
+//     hlem::WaitForShutdownSignal(*server);      // drains, then returns
+//   }
+//
+// GrpcServer is thread-safe. The services must outlive it. Do not call
+// grpc::reflection::InitProtoReflectionServerBuilderPlugin(): reflection is set per server here.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "grpcpp/channel.h"
+#include "grpcpp/server.h"
+
+namespace hlem {
+
+struct GrpcServerOptions {
+  std::string listen = "127.0.0.1:0";  // frontend-facing services; port 0 picks a free one
+  std::string admin_listen;            // "" = no admin port; "127.0.0.1:0" allowed
+  int max_message_bytes = 64 << 20;    // send and receive
+  absl::Duration keepalive_time = absl::Seconds(30), keepalive_timeout = absl::Seconds(10);
+  absl::Duration max_connection_age = absl::Minutes(30),
+                 max_connection_age_grace = absl::Seconds(30);
+  absl::Duration drain_timeout = absl::Seconds(10);  // in-flight RPCs are cancelled after it
+  bool reflection = true;                            // on both ports
+};
+
+class GrpcServer {
+ public:
+  // Starts serving and marks every service SERVING. UNAVAILABLE naming the address when a port
+  // cannot be bound (ports are bound exclusively: no SO_REUSEPORT sharing).
+  static absl::StatusOr<std::unique_ptr<GrpcServer>> Create(
+      const GrpcServerOptions& options, std::vector<grpc::Service*> public_services,
+      std::vector<grpc::Service*> admin_services = {});
+  ~GrpcServer();  // Shutdown()
+
+  int port() const { return port_; }
+  int admin_port() const { return admin_port_; }  // 0 when there is no admin server
+
+  // Health status of "" and of every service name, on both ports.
+  void SetServing(bool serving);
+  // Graceful and idempotent: marks NOT_SERVING, stops accepting, waits for in-flight RPCs up to
+  // drain_timeout, cancels the rest, returns. Concurrent callers all return when it is done.
+  void Shutdown();
+  // Blocks until Shutdown() has completed.
+  void Wait();
+
+ private:
+  struct Endpoint {
+    std::unique_ptr<grpc::Server> server;
+    std::vector<std::string> service_names;
+  };
+  explicit GrpcServer(const GrpcServerOptions& options) : options_(options) {}
+  static absl::StatusOr<Endpoint> Build(const GrpcServerOptions& options,
+                                        const std::string& address,
+                                        const std::vector<grpc::Service*>& services, int* port);
+
+  const GrpcServerOptions options_;
+  Endpoint public_, admin_;
+  int port_ = 0;
+  int admin_port_ = 0;
+  absl::Mutex mu_;
+  enum class State { kServing, kDraining, kStopped };
+  State state_ ABSL_GUARDED_BY(mu_) = State::kServing;
+};
+
+// Blocks SIGTERM and SIGINT in the calling thread (and so in every thread it later starts) and
+// starts a thread that waits for them with sigwait. Idempotent.
+void InstallShutdownSignals();
+// Blocks until SIGTERM/SIGINT arrives or RequestShutdown() is called (installing the signal
+// handling if needed). Once requested, it returns immediately forever after.
+void WaitForShutdownSignal();
+// The same, then server.Shutdown().
+void WaitForShutdownSignal(GrpcServer& server);
+// Wakes WaitForShutdownSignal() from any thread.
+void RequestShutdown();
+
+// Insecure channel with explicit send/receive limits and keepalive (30 s ping, 10 s timeout).
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
+                                           int max_message_bytes = 64 << 20);
+
+}  // namespace hlem

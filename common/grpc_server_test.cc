@@ -1,0 +1,294 @@
+#include "common/grpc_server.h"
+
+#include <atomic>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/grpc_status.h"
+#include "echo.grpc.pb.h"
+#include "gmock/gmock.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "gtest/gtest.h"
+#include "health.grpc.pb.h"
+
+namespace hlem {
+namespace {
+
+using grpc::health::v1::HealthCheckRequest;
+using grpc::health::v1::HealthCheckResponse;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// Sleeps as asked (watching for cancellation) and reports what it saw.
+template <typename Base>
+class EchoImpl final : public Base {
+ public:
+  explicit EchoImpl(std::string prefix) : prefix_(std::move(prefix)) {}
+  grpc::Status Echo(grpc::ServerContext* context, const test::EchoRequest* request,
+                    test::EchoResponse* response) override {
+    started_.fetch_add(1);
+    absl::Time until = absl::Now() + absl::Milliseconds(request->sleep_ms());
+    while (absl::Now() < until) {
+      if (context->IsCancelled()) {
+        cancelled_.fetch_add(1);
+        return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled while sleeping");
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    response->set_message(prefix_ + request->message());
+    response->set_payload(std::string(request->reply_bytes(), 'x'));
+    absl::Time deadline = DeadlineOf(*context);
+    response->set_deadline_unix_ms(
+        deadline == absl::InfiniteFuture() ? -1 : absl::ToUnixMillis(deadline));
+    return grpc::Status::OK;
+  }
+  int started() const { return started_.load(); }
+  int cancelled() const { return cancelled_.load(); }
+
+ private:
+  std::string prefix_;
+  std::atomic<int> started_{0};
+  std::atomic<int> cancelled_{0};
+};
+using EchoService = EchoImpl<test::Echo::Service>;
+using AdminService = EchoImpl<test::EchoAdmin::Service>;
+
+std::string Local(int port) { return absl::StrCat("127.0.0.1:", port); }
+
+// Health status of `service` at `port`, or the RPC's error code as a negative number.
+int Health(int port, const std::string& service) {
+  auto stub = grpc::health::v1::Health::NewStub(MakeChannel(Local(port)));
+  grpc::ClientContext context;
+  SetDeadline(context, absl::Now() + absl::Seconds(2));
+  HealthCheckRequest request;
+  request.set_service(service);
+  HealthCheckResponse response;
+  grpc::Status status = stub->Check(&context, request, &response);
+  return status.ok() ? response.status() : -status.error_code();
+}
+constexpr int kServing = HealthCheckResponse::SERVING;
+constexpr int kNotServing = HealthCheckResponse::NOT_SERVING;
+
+template <typename Service>
+grpc::Status CallEcho(int port, const test::EchoRequest& request, test::EchoResponse* response,
+                      absl::Duration timeout = absl::Seconds(10), int max_bytes = 64 << 20) {
+  auto stub = Service::NewStub(MakeChannel(Local(port), max_bytes));
+  grpc::ClientContext context;
+  SetDeadline(context, absl::Now() + timeout);
+  return stub->Echo(&context, request, response);
+}
+
+test::EchoRequest Request(const std::string& message, int sleep_ms = 0, int reply_bytes = 0) {
+  test::EchoRequest r;
+  r.set_message(message);
+  r.set_sleep_ms(sleep_ms);
+  r.set_reply_bytes(reply_bytes);
+  return r;
+}
+
+// Raw bytes of the reflection service's answer to list_services, or "" on error. Uses the generic
+// stub because Debian ships no reflection client stubs.
+std::string ListServicesViaReflection(int port, grpc::StatusCode* code) {
+  grpc::GenericStub stub(MakeChannel(Local(port)));
+  grpc::CompletionQueue cq;
+  grpc::ClientContext context;
+  SetDeadline(context, absl::Now() + absl::Seconds(5));
+  auto call = stub.PrepareCall(
+      &context, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+  void* tag;
+  bool ok;
+  call->StartCall(nullptr);
+  cq.Next(&tag, &ok);
+  grpc::Slice slice(std::string("\x3a\x01*", 3));  // field 7 (list_services) = "*"
+  call->Write(grpc::ByteBuffer(&slice, 1), nullptr);
+  cq.Next(&tag, &ok);
+  call->WritesDone(nullptr);
+  cq.Next(&tag, &ok);
+  grpc::ByteBuffer reply;
+  call->Read(&reply, nullptr);
+  cq.Next(&tag, &ok);
+  bool got_reply = ok;
+  grpc::Status status;
+  call->Finish(&status, nullptr);
+  cq.Next(&tag, &ok);
+  *code = status.error_code();
+  std::string bytes;
+  std::vector<grpc::Slice> slices;
+  if (got_reply && reply.Dump(&slices).ok()) {
+    for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  return bytes;
+}
+
+class GrpcServerTest : public ::testing::Test {
+ protected:
+  void Start(GrpcServerOptions options = {}) {
+    options.admin_listen = "127.0.0.1:0";
+    auto server = GrpcServer::Create(options, {&echo_}, {&admin_});
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    ASSERT_GT(server_->port(), 0);
+    ASSERT_GT(server_->admin_port(), 0);
+    ASSERT_NE(server_->port(), server_->admin_port());
+  }
+  EchoService echo_{"public:"};
+  AdminService admin_{"admin:"};
+  std::unique_ptr<GrpcServer> server_;
+};
+
+TEST_F(GrpcServerTest, HealthIsServingOnBothPortsPerService) {
+  Start();
+  EXPECT_EQ(Health(server_->port(), ""), kServing);
+  EXPECT_EQ(Health(server_->port(), "hlem.test.Echo"), kServing);
+  EXPECT_EQ(Health(server_->port(), "hlem.test.EchoAdmin"), -grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(Health(server_->admin_port(), ""), kServing);
+  EXPECT_EQ(Health(server_->admin_port(), "hlem.test.EchoAdmin"), kServing);
+}
+
+TEST_F(GrpcServerTest, AdminServicesOnlyOnTheAdminPort) {
+  Start();
+  test::EchoResponse response;
+  grpc::Status st = CallEcho<test::EchoAdmin>(server_->port(), Request("hi"), &response);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  st = CallEcho<test::EchoAdmin>(server_->admin_port(), Request("hi"), &response);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(response.message(), "admin:hi");
+  st = CallEcho<test::Echo>(server_->admin_port(), Request("hi"), &response);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  st = CallEcho<test::Echo>(server_->port(), Request("hi"), &response);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(response.message(), "public:hi");
+}
+
+TEST_F(GrpcServerTest, ReflectionListsOnlyThePortsOwnServices) {
+  Start();
+  grpc::StatusCode code;
+  std::string listed = ListServicesViaReflection(server_->port(), &code);
+  EXPECT_EQ(code, grpc::StatusCode::OK);
+  EXPECT_THAT(listed, HasSubstr("hlem.test.Echo"));
+  EXPECT_THAT(listed, Not(HasSubstr("EchoAdmin")));
+  listed = ListServicesViaReflection(server_->admin_port(), &code);
+  EXPECT_THAT(listed, HasSubstr("hlem.test.EchoAdmin"));
+}
+
+TEST_F(GrpcServerTest, ReflectionCanBeTurnedOff) {
+  Start({.reflection = false});
+  grpc::StatusCode code;
+  EXPECT_EQ(ListServicesViaReflection(server_->port(), &code), "");
+  EXPECT_EQ(code, grpc::StatusCode::UNIMPLEMENTED);
+}
+
+TEST_F(GrpcServerTest, SetServingTogglesHealth) {
+  Start();
+  server_->SetServing(false);
+  EXPECT_EQ(Health(server_->port(), ""), kNotServing);
+  EXPECT_EQ(Health(server_->port(), "hlem.test.Echo"), kNotServing);
+  EXPECT_EQ(Health(server_->admin_port(), "hlem.test.EchoAdmin"), kNotServing);
+  server_->SetServing(true);
+  EXPECT_EQ(Health(server_->port(), "hlem.test.Echo"), kServing);
+}
+
+TEST_F(GrpcServerTest, ShutdownDrainsAnInFlightRpc) {
+  Start();
+  test::EchoResponse response;
+  grpc::Status status;
+  std::thread client(
+      [&] { status = CallEcho<test::Echo>(server_->port(), Request("slow", 500), &response); });
+  while (echo_.started() == 0) absl::SleepFor(absl::Milliseconds(5));
+  absl::Time start = absl::Now();
+  server_->Shutdown();
+  absl::Duration took = absl::Now() - start;
+  client.join();
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.message(), "public:slow");
+  EXPECT_EQ(echo_.cancelled(), 0);
+  EXPECT_GT(took, absl::Milliseconds(300));  // it waited for the RPC
+  EXPECT_LT(took, absl::Seconds(5));
+  int health = Health(server_->port(), "");
+  EXPECT_NE(health, kServing);
+  EXPECT_TRUE(health == kNotServing || health == -grpc::StatusCode::UNAVAILABLE) << health;
+  server_->Wait();      // returns: already shut down
+  server_->Shutdown();  // idempotent
+}
+
+TEST_F(GrpcServerTest, ShutdownCancelsRpcsPastTheDrainTimeout) {
+  Start({.drain_timeout = absl::Milliseconds(200)});
+  test::EchoResponse response;
+  grpc::Status status;
+  std::thread client(
+      [&] { status = CallEcho<test::Echo>(server_->port(), Request("stuck", 20000), &response); });
+  while (echo_.started() == 0) absl::SleepFor(absl::Milliseconds(5));
+  absl::Time start = absl::Now();
+  server_->Shutdown();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  client.join();
+  EXPECT_FALSE(status.ok());
+  EXPECT_EQ(echo_.cancelled(), 1);
+}
+
+TEST_F(GrpcServerTest, WaitReturnsAfterShutdownFromAnotherThread) {
+  Start();
+  absl::Notification waited;
+  std::thread waiter([&] {
+    server_->Wait();
+    waited.Notify();
+  });
+  EXPECT_FALSE(waited.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
+  server_->Shutdown();
+  EXPECT_TRUE(waited.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  waiter.join();
+}
+
+TEST_F(GrpcServerTest, MessagesAboveTheDefaultFourMiBPass) {
+  Start();
+  test::EchoResponse response;
+  grpc::Status st = CallEcho<test::Echo>(server_->port(),
+                                         Request(std::string(6 << 20, 'a'), 0, 8 << 20), &response);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(response.payload().size(), 8u << 20);
+  // A client with a 1 MiB limit refuses the same reply.
+  st = CallEcho<test::Echo>(server_->port(), Request("a", 0, 2 << 20), &response, absl::Seconds(10),
+                            1 << 20);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+}
+
+TEST_F(GrpcServerTest, DeadlineReachesTheHandler) {
+  Start();
+  test::EchoResponse response;
+  absl::Time deadline = absl::Now() + absl::Seconds(30);
+  auto stub = test::Echo::NewStub(MakeChannel(Local(server_->port())));
+  grpc::ClientContext with;
+  SetDeadline(with, deadline);
+  ASSERT_TRUE(stub->Echo(&with, Request("d"), &response).ok());
+  EXPECT_NEAR(static_cast<double>(response.deadline_unix_ms()),
+              static_cast<double>(absl::ToUnixMillis(deadline)), 1000);
+  grpc::ClientContext without;
+  ASSERT_TRUE(stub->Echo(&without, Request("d"), &response).ok());
+  EXPECT_EQ(response.deadline_unix_ms(), -1);
+}
+
+TEST(GrpcServerCreateTest, BusyPortIsUnavailable) {
+  auto first = GrpcServer::Create(GrpcServerOptions{}, {});
+  ASSERT_TRUE(first.ok()) << first.status();
+  std::string address = Local((*first)->port());
+  auto second = GrpcServer::Create({.listen = address}, {});
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(second.status().message()), HasSubstr(address));
+
+  auto busy_admin = GrpcServer::Create({.admin_listen = address}, {});
+  ASSERT_FALSE(busy_admin.ok());
+  EXPECT_THAT(std::string(busy_admin.status().message()), HasSubstr(address));
+  EXPECT_EQ(Health((*first)->port(), ""), kServing);
+}
+
+TEST(GrpcServerCreateTest, NoAdminPortByDefault) {
+  auto server = GrpcServer::Create(GrpcServerOptions{}, {});
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_EQ((*server)->admin_port(), 0);
+}
+
+}  // namespace
+}  // namespace hlem

@@ -1,0 +1,36 @@
+#pragma once
+// Builds a ready ShardClient for a shard cluster: checks that every reachable server agrees with
+// the cluster config (shard map, tables), then wires the chosen transport. With UCX, endpoints
+// and remote keys are set up here, before the first request.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/clock.h"
+#include "embedding_shard/core/shard_client.h"
+#include "embedding_shard/core/shard_config.h"
+#include "embedding_shard/transport/ucx_client.h"
+
+namespace hlem::shard {
+
+enum class ClientTransport { kUcx, kGrpc };
+absl::StatusOr<ClientTransport> ParseClientTransport(absl::string_view name);
+
+struct ShardClientSetup {
+  ShardClusterConfig cluster;
+  std::vector<std::string> addresses;  // gRPC address per shard index (default: cluster.servers)
+  ClientTransport transport = ClientTransport::kUcx;
+  UcxReadMode ucx_mode = UcxReadMode::kAuto;
+  absl::Duration connect_timeout = absl::Seconds(10);
+  absl::Duration probe_interval = absl::Milliseconds(500);
+};
+
+// FAILED_PRECONDITION when a server's shard map or tables differ from the config; a server that
+// does not answer is tolerated (it is marked down and probed) as long as one answers.
+absl::StatusOr<std::unique_ptr<ShardClient>> ConnectShardClient(const ShardClientSetup& setup,
+                                                                Clock& clock);
+
+}  // namespace hlem::shard

@@ -1,0 +1,185 @@
+#include "embedding_shard/core/shard_client.h"
+
+#include <cstring>
+#include <vector>
+
+#include "common/clock.h"
+#include "embedding_shard/core/shard_store.h"
+#include "gtest/gtest.h"
+
+namespace hlem::shard {
+namespace {
+
+// Serves reads from real ShardStores; servers can be made to fail or hang.
+class FakeTransport final : public ShardTransport {
+ public:
+  enum class Mode { kUp, kRefuse, kHang };
+  explicit FakeTransport(std::vector<std::unique_ptr<ShardStore>> stores)
+      : stores_(std::move(stores)), mode_(stores_.size(), Mode::kUp), map_(stores_[0]->map()) {}
+  std::string name() const override { return "fake"; }
+  uint32_t num_servers() const override { return static_cast<uint32_t>(stores_.size()); }
+  absl::StatusOr<std::unique_ptr<Pending>> Start(uint32_t server, const TableSpec& spec,
+                                                 const ReadBatch& batch, absl::Time) override {
+    auto rows = batch.rows;
+    auto dst = batch.dst;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      if (batch.slots[i] != map_.SlotOfRow(spec, rows[i])) return absl::InternalError("bad slot");
+    }
+    ++starts;
+    max_rows_seen = std::max(max_rows_seen, rows.size());
+    if (mode_[server] == Mode::kRefuse) return absl::UnavailableError("connection refused");
+    auto p = std::make_unique<FakePending>();
+    p->server = server;
+    if (mode_[server] == Mode::kUp) {
+      std::vector<std::byte> out(rows.size() * spec.row_bytes());
+      p->status = stores_[server]->Gather(spec.id, rows, out);
+      if (p->status.ok()) {
+        for (size_t i = 0; i < rows.size(); ++i) {
+          std::memcpy(dst[i], out.data() + i * spec.row_bytes(), spec.row_bytes());
+        }
+      }
+    }
+    return p;
+  }
+  absl::Status Finish(Pending& pending, absl::Time) override {
+    auto& p = static_cast<FakePending&>(pending);
+    if (mode_[p.server] == Mode::kHang) return absl::DeadlineExceededError("no answer");
+    return p.status;
+  }
+  absl::Status Probe(uint32_t server, absl::Time) override {
+    ++probes;
+    return mode_[server] == Mode::kUp ? absl::OkStatus() : absl::UnavailableError("down");
+  }
+  absl::Status Reconnect(uint32_t) override {
+    ++reconnects;
+    return absl::OkStatus();
+  }
+  void Set(uint32_t server, Mode mode) { mode_[server] = mode; }
+
+  int starts = 0, probes = 0, reconnects = 0;
+  size_t max_rows_seen = 0;
+
+ private:
+  struct FakePending : Pending {
+    uint32_t server = 0;
+    absl::Status status;
+  };
+  std::vector<std::unique_ptr<ShardStore>> stores_;
+  std::vector<Mode> mode_;
+  ShardMap map_;
+};
+
+class ShardClientTest : public ::testing::Test {
+ protected:
+  void Build(uint32_t replicas, absl::Duration probe_interval = absl::ZeroDuration()) {
+    ShardStoreOptions o;
+    o.tables = {TableSpec{.id = 1, .name = "item", .rows = 5000, .dim = 6, .dtype = Dtype::kFp32}};
+    o.map = {.num_shards = 3, .partitioning = Partitioning::kHash, .replicas = replicas};
+    o.content.seed = 3;
+    o.max_batch_rows = 64;
+    std::vector<std::unique_ptr<ShardStore>> stores;
+    for (uint32_t s = 0; s < 3; ++s) {
+      o.server_index = s;
+      stores.push_back(*ShardStore::Create(o, heap_));
+    }
+    auto transport = std::make_unique<FakeTransport>(std::move(stores));
+    fake_ = transport.get();
+    ShardClientOptions c{
+        .tables = o.tables, .map = o.map, .max_batch_rows = 64, .probe_interval = probe_interval};
+    client_ = *ShardClient::Create(c, std::move(transport), clock_);
+    spec_ = o.tables[0];
+    seed_ = o.content.seed;
+  }
+
+  // Fetches `n` rows and checks every byte against the generator.
+  absl::Status FetchAndCheck(size_t n) {
+    std::vector<uint64_t> rows(n);
+    for (size_t i = 0; i < n; ++i) rows[i] = (i * 7919) % spec_.rows;
+    std::vector<std::byte> out(n * spec_.row_bytes());
+    absl::Status s = client_->Fetch(1, rows, out, clock_.Now() + absl::Seconds(1));
+    if (!s.ok()) return s;
+    std::vector<std::byte> expected(spec_.row_bytes());
+    for (size_t i = 0; i < n; ++i) {
+      GenerateRow(seed_, spec_, rows[i], expected.data());
+      if (std::memcmp(out.data() + i * spec_.row_bytes(), expected.data(), spec_.row_bytes())) {
+        return absl::InternalError("wrong bytes");
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  SimClock clock_;
+  HeapAllocator heap_;
+  FakeTransport* fake_ = nullptr;
+  std::unique_ptr<ShardClient> client_;
+  TableSpec spec_;
+  uint64_t seed_ = 0;
+};
+
+TEST_F(ShardClientTest, FetchesAcrossServersInChunks) {
+  Build(1);
+  ASSERT_TRUE(FetchAndCheck(1000).ok());
+  EXPECT_LE(fake_->max_rows_seen, 64u);
+  EXPECT_GE(fake_->starts, 1000 / 64);
+}
+
+TEST_F(ShardClientTest, FailsOverToReplica) {
+  Build(2);
+  fake_->Set(0, FakeTransport::Mode::kRefuse);
+  ASSERT_TRUE(FetchAndCheck(500).ok());
+  EXPECT_FALSE(client_->IsHealthy(0));
+  EXPECT_EQ(client_->counters().failovers, 1u);
+  // Now known down: the next fetch goes straight to replicas.
+  int starts = fake_->starts;
+  ASSERT_TRUE(FetchAndCheck(10).ok());
+  EXPECT_EQ(client_->counters().failovers, 1u);
+  EXPECT_GT(fake_->starts, starts);
+}
+
+TEST_F(ShardClientTest, HungServerFailsOverToo) {
+  Build(2);
+  fake_->Set(2, FakeTransport::Mode::kHang);
+  ASSERT_TRUE(FetchAndCheck(500).ok());
+  EXPECT_FALSE(client_->IsHealthy(2));
+}
+
+TEST_F(ShardClientTest, NoReplicaMeansUnavailable) {
+  Build(1);
+  fake_->Set(1, FakeTransport::Mode::kRefuse);
+  absl::Status s = FetchAndCheck(500);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(s.message().find("no live replica"), std::string_view::npos) << s;
+}
+
+TEST_F(ShardClientTest, BadRequestsAreRejectedWithoutTraffic) {
+  Build(1);
+  std::vector<uint64_t> rows = {1, 5000};
+  std::vector<std::byte> out(2 * spec_.row_bytes());
+  absl::Time deadline = clock_.Now() + absl::Seconds(1);
+  EXPECT_EQ(client_->Fetch(1, rows, out, deadline).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(client_->Fetch(2, rows, out, deadline).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client_->Fetch(1, {}, {}, deadline).code(), absl::StatusCode::kInvalidArgument);
+  std::vector<std::byte> small(3);
+  EXPECT_EQ(client_->Fetch(1, rows, small, deadline).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(fake_->starts, 0);
+  std::vector<uint64_t> one = {1};
+  std::vector<std::byte> one_out(spec_.row_bytes());
+  EXPECT_EQ(client_->Fetch(1, one, one_out, clock_.Now()).code(),
+            absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_F(ShardClientTest, ProbesMarkDownAndBringBack) {
+  Build(2, absl::Milliseconds(500));
+  fake_->Set(1, FakeTransport::Mode::kRefuse);
+  clock_.AdvanceBy(absl::Milliseconds(500));
+  EXPECT_FALSE(client_->IsHealthy(1));
+  EXPECT_EQ(client_->counters().server_failures, 1u);
+  fake_->Set(1, FakeTransport::Mode::kUp);
+  clock_.AdvanceBy(absl::Milliseconds(500));
+  EXPECT_TRUE(client_->IsHealthy(1));
+  EXPECT_EQ(fake_->reconnects, 1);
+  EXPECT_GE(fake_->probes, 6);
+}
+
+}  // namespace
+}  // namespace hlem::shard

@@ -1,0 +1,64 @@
+#pragma once
+// Where each embedding row lives. Shared by shard servers and clients, built from the same config.
+//
+// Every table's rows are first mapped to "slots" in [0, rows): the identity for `range`
+// partitioning, a keyed pseudo-random permutation for `hash` partitioning (so hot row ranges spread
+// over all shards, yet a client can still compute a row's exact remote address). Slots are then
+// cut into `num_shards` contiguous partitions of ceil(rows / num_shards) slots. Partition p is held
+// by servers p, p+1, ..., p+replicas-1 (mod num_shards); the first is its primary. A server stores
+// each partition it holds as one contiguous segment, row-major in slot order.
+//
+// Immutable after construction; thread-safe.
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "embedding_shard/core/table.h"
+
+namespace hlem::shard {
+
+enum class Partitioning { kRange, kHash };
+absl::string_view PartitioningName(Partitioning p);
+
+struct ShardMapOptions {
+  uint32_t num_shards = 1;
+  Partitioning partitioning = Partitioning::kRange;
+  uint32_t replicas = 1;  // copies of each partition, 1 = no replica
+  uint64_t hash_seed = 0x5eed;
+};
+
+struct SlotRange {
+  uint64_t first = 0;
+  uint64_t count = 0;
+};
+
+class ShardMap {
+ public:
+  static absl::StatusOr<ShardMap> Create(const ShardMapOptions& options);
+
+  const ShardMapOptions& options() const { return options_; }
+  uint32_t num_shards() const { return options_.num_shards; }
+
+  // Row <-> slot (a bijection on [0, spec.rows)).
+  uint64_t SlotOfRow(const TableSpec& spec, uint64_t row) const;
+  uint64_t RowOfSlot(const TableSpec& spec, uint64_t slot) const;
+
+  uint64_t SlotsPerPartition(const TableSpec& spec) const;
+  uint32_t PartitionOfSlot(const TableSpec& spec, uint64_t slot) const;
+  SlotRange PartitionSlots(const TableSpec& spec, uint32_t partition) const;
+
+  // Servers holding `partition`, primary first.
+  std::vector<uint32_t> ServersOf(uint32_t partition) const;
+  // Partitions held by `server`, ascending.
+  std::vector<uint32_t> PartitionsOn(uint32_t server) const;
+
+ private:
+  explicit ShardMap(const ShardMapOptions& options) : options_(options) {}
+  uint64_t Permute(const TableSpec& spec, uint64_t x, bool inverse) const;
+  ShardMapOptions options_;
+};
+
+}  // namespace hlem::shard

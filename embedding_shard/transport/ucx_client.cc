@@ -1,0 +1,495 @@
+#include "embedding_shard/transport/ucx_client.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/logging.h"
+
+namespace hlem::shard {
+namespace {
+
+uint64_t RegionKey(uint32_t table_id, uint32_t partition) {
+  return (uint64_t{table_id} << 32) | partition;
+}
+
+bool IsShm(const std::vector<std::string>& transports) {
+  for (const std::string& t : transports) {
+    if (t.starts_with("posix/") || t.starts_with("sysv/") || t.starts_with("xpmem/") ||
+        t.starts_with("knem/") || t.starts_with("cma/")) {
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+absl::StatusOr<UcxReadMode> ParseUcxReadMode(absl::string_view name) {
+  if (name == "auto") return UcxReadMode::kAuto;
+  if (name == "get") return UcxReadMode::kGet;
+  if (name == "gather") return UcxReadMode::kGather;
+  if (name == "mapped") return UcxReadMode::kMapped;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown UCX read mode '", name, "'; allowed: auto, get, gather, mapped"));
+}
+
+absl::string_view UcxReadModeName(UcxReadMode mode) {
+  switch (mode) {
+    case UcxReadMode::kAuto:
+      return "auto";
+    case UcxReadMode::kGet:
+      return "get";
+    case UcxReadMode::kGather:
+      return "gather";
+    case UcxReadMode::kMapped:
+      return "mapped";
+  }
+  return "?";
+}
+
+// A started read: the id of its flush (get mode) or gather op, or an already-known result.
+class UcxShardTransport::UcxPending final : public ShardTransport::Pending {
+ public:
+  uint32_t server = 0;
+  uint64_t op = 0;  // 0 = completed in Start with `status`
+  absl::Status status;
+};
+
+absl::StatusOr<std::unique_ptr<UcxShardTransport>> UcxShardTransport::Create(const Options& options,
+                                                                             InfoFetcher fetch_info,
+                                                                             Prober probe) {
+  auto map = ShardMap::Create(options.map);
+  if (!map.ok()) return map.status();
+  if (options.num_servers != map->num_shards()) {
+    return absl::InvalidArgumentError("UcxShardTransport: num_servers != shard map size");
+  }
+  std::unique_ptr<UcxShardTransport> t(new UcxShardTransport(options, std::move(*map)));
+  t->fetch_info_ = std::move(fetch_info);
+  t->probe_ = std::move(probe);
+  auto worker = UcxWorker::Create(options.ucx, /*wakeup=*/false);
+  if (!worker.ok()) return worker.status();
+  t->worker_ = std::move(*worker);
+
+  ucp_am_handler_param_t handler{};
+  handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                       UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+  handler.id = kGatherReplyAm;
+  handler.cb = &UcxShardTransport::OnGatherReply;
+  handler.arg = t.get();
+  handler.flags = UCP_AM_FLAG_WHOLE_MSG;
+  ucs_status_t status = ucp_worker_set_am_recv_handler(t->worker_->worker(), &handler);
+  if (status != UCS_OK) return UcsToStatus(status, "ucp_worker_set_am_recv_handler");
+
+  {
+    absl::MutexLock lock(&t->mu_);
+    t->servers_.resize(options.num_servers);
+  }
+  for (uint32_t s = 0; s < options.num_servers; ++s) {
+    absl::Status connected = t->Reconnect(s);
+    if (!connected.ok()) {
+      GetLogger("shard_client")
+          ->warn("ucx_connect_failed shard={} error={}", s, connected.ToString());
+    }
+  }
+  return t;
+}
+
+UcxShardTransport::~UcxShardTransport() {
+  absl::MutexLock lock(&mu_);
+  for (uint32_t s = 0; s < servers_.size(); ++s) DisconnectLocked(s);
+}
+
+absl::Status UcxShardTransport::Reconnect(uint32_t server) {
+  if (server >= options_.num_servers) return absl::InvalidArgumentError("no such shard");
+  auto info = fetch_info_(server);  // an RPC: outside the worker lock
+  absl::MutexLock lock(&mu_);
+  DisconnectLocked(server);
+  if (!info.ok()) return info.status();
+  absl::Status s = ConnectLocked(server, *info);
+  if (!s.ok()) DisconnectLocked(server);
+  return s;
+}
+
+absl::Status UcxShardTransport::ConnectLocked(uint32_t server, const RdmaServerInfo& info) {
+  Server& s = servers_[server];
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.address = reinterpret_cast<const ucp_address_t*>(info.worker_address.data());
+  const bool peer = options_.ucx.error_handling == "peer" ||
+                    (options_.ucx.error_handling == "auto" && info.host_id != LocalHostId());
+  params.err_mode = peer ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+  params.err_handler.cb = &UcxShardTransport::OnError;
+  params.err_handler.arg = this;
+  ucs_status_t status = ucp_ep_create(worker_->worker(), &params, &s.ep);
+  if (status != UCS_OK) {
+    s.ep = nullptr;
+    return UcsToStatus(status, absl::StrCat("ucp_ep_create to shard ", server));
+  }
+  s.all_mapped = !info.regions.empty();
+  for (const RdmaRegionInfo& r : info.regions) {
+    Region region;
+    region.info = r;
+    status = ucp_ep_rkey_unpack(s.ep, r.rkey.data(), &region.rkey);
+    if (status != UCS_OK) return UcsToStatus(status, "ucp_ep_rkey_unpack");
+    void* mapped = nullptr;
+    if (ucp_rkey_ptr(region.rkey, r.base_address, &mapped) == UCS_OK) {
+      region.mapped = static_cast<std::byte*>(mapped);
+    } else {
+      s.all_mapped = false;
+    }
+    s.region_index[RegionKey(r.table_id, r.partition)] = s.regions.size();
+    s.regions.push_back(std::move(region));
+  }
+  s.failed = false;
+  // Wire up every lane now, so the first request pays nothing: one get per region, and an empty
+  // gather request (answered with INVALID_ARGUMENT) for the active-message path both ways.
+  absl::Time deadline = absl::Now() + absl::Seconds(10);
+  std::vector<std::byte> scratch(64);
+  for (const Region& region : s.regions) {
+    if (region.info.num_slots == 0) continue;
+    ucp_request_param_t p{};
+    void* req = ucp_get_nbx(s.ep, scratch.data(), std::min<uint64_t>(8, region.info.stride_bytes),
+                            region.info.base_address, region.rkey, &p);
+    if (UCS_PTR_IS_ERR(req)) return UcsToStatus(UCS_PTR_STATUS(req), "warm-up get");
+    if (req != nullptr) ucp_request_free(req);
+  }
+  ucp_request_param_t flush{};
+  absl::Status flushed = WaitLocked(ucp_ep_flush_nbx(s.ep, &flush), deadline, "warm-up flush");
+  if (!flushed.ok()) return flushed;
+  uint64_t op_id = next_op_++;
+  ops_[op_id];
+  GatherRequestHeader header{op_id, 0, 0};
+  ucp_request_param_t am{};
+  am.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  am.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
+  void* req = ucp_am_send_nbx(s.ep, kGatherRequestAm, &header, sizeof(header), nullptr, 0, &am);
+  absl::Status sent = WaitLocked(req, deadline, "warm-up gather");
+  while (sent.ok() && !ops_[op_id].done && absl::Now() < deadline) {
+    ucp_worker_progress(worker_->worker());
+  }
+  bool answered = ops_[op_id].done;
+  ops_.erase(op_id);
+  if (!sent.ok()) return sent;
+  if (!answered) return absl::UnavailableError(absl::StrCat("shard ", server, ": no AM reply"));
+  s.transports = EndpointTransports(s.ep);
+  s.shm = IsShm(s.transports);
+  GetLogger("shard_client")
+      ->info("ucx_connected shard={} transports={} mapped={}", server,
+             absl::StrJoin(s.transports, ","), s.all_mapped);
+  return absl::OkStatus();
+}
+
+void UcxShardTransport::DisconnectLocked(uint32_t server) {
+  Server& s = servers_[server];
+  for (Region& r : s.regions) {
+    if (r.rkey != nullptr) ucp_rkey_destroy(r.rkey);
+  }
+  s.regions.clear();
+  s.region_index.clear();
+  s.all_mapped = false;
+  s.failed = true;
+  if (s.ep != nullptr) {
+    // Force: cancels whatever is outstanding; once the close completes nothing writes into
+    // caller buffers any more.
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    void* req = ucp_ep_close_nbx(s.ep, &p);
+    if (req != nullptr && !UCS_PTR_IS_ERR(req)) {
+      while (ucp_request_check_status(req) == UCS_INPROGRESS)
+        ucp_worker_progress(worker_->worker());
+      ucp_request_free(req);
+    }
+    s.ep = nullptr;
+  }
+}
+
+absl::Status UcxShardTransport::WaitLocked(void* request, absl::Time deadline,
+                                           absl::string_view what) {
+  if (request == nullptr) return absl::OkStatus();
+  if (UCS_PTR_IS_ERR(request)) return UcsToStatus(UCS_PTR_STATUS(request), what);
+  ucs_status_t status;
+  while ((status = ucp_request_check_status(request)) == UCS_INPROGRESS) {
+    ucp_worker_progress(worker_->worker());
+    if (absl::Now() > deadline) {
+      ucp_request_cancel(worker_->worker(), request);
+      while (ucp_request_check_status(request) == UCS_INPROGRESS) {
+        ucp_worker_progress(worker_->worker());
+      }
+      ucp_request_free(request);
+      return absl::DeadlineExceededError(absl::StrCat(what, ": timed out"));
+    }
+  }
+  ucp_request_free(request);
+  return UcsToStatus(status, what);
+}
+
+void UcxShardTransport::OnError(void* arg, ucp_ep_h ep, ucs_status_t status) {
+  // Runs inside ucp_worker_progress, i.e. with mu_ held by the progressing thread.
+  auto* self = static_cast<UcxShardTransport*>(arg);
+  for (uint32_t i = 0; i < self->servers_.size(); ++i) {
+    if (self->servers_[i].ep == ep) {
+      self->servers_[i].failed = true;
+      GetLogger("shard_client")
+          ->warn("ucx_endpoint_failed shard={} status={}", i, UcsStatusString(status));
+    }
+  }
+}
+
+void UcxShardTransport::OnOpDone(void* request, ucs_status_t status, void* user_data) {
+  // user_data points at a {transport, op id} pair allocated by the starter.
+  auto* ctx = static_cast<std::pair<UcxShardTransport*, uint64_t>*>(user_data);
+  auto it = ctx->first->ops_.find(ctx->second);
+  if (it != ctx->first->ops_.end() && !it->second.done) {
+    it->second.done = true;
+    it->second.status = UcsToStatus(status, "ucx read");
+  }
+  delete ctx;
+  ucp_request_free(request);
+}
+
+const UcxShardTransport::Region* UcxShardTransport::Locate(const Server& s, const TableSpec& spec,
+                                                           uint64_t slot,
+                                                           uint64_t* remote_address) const {
+  auto it = s.region_index.find(RegionKey(spec.id, map_.PartitionOfSlot(spec, slot)));
+  if (it == s.region_index.end()) return nullptr;
+  const Region& r = s.regions[it->second];
+  *remote_address = r.info.base_address + (slot - r.info.first_slot) * r.info.stride_bytes;
+  return &r;
+}
+
+UcxReadMode UcxShardTransport::ModeFor(uint32_t server, size_t rows) const {
+  absl::MutexLock lock(&mu_);
+  const Server& s = servers_[server];
+  if (options_.mode != UcxReadMode::kAuto) return options_.mode;
+  if (s.all_mapped) return UcxReadMode::kMapped;
+  uint32_t threshold = s.shm ? options_.ucx.gather_min_rows_shm : options_.ucx.gather_min_rows_tcp;
+  return rows >= threshold ? UcxReadMode::kGather : UcxReadMode::kGet;
+}
+
+absl::Status UcxShardTransport::ReadMapped(uint32_t server, const TableSpec& spec,
+                                           const ReadBatch& batch) {
+  const Server& s = servers_[server];
+  const size_t row_bytes = spec.row_bytes();
+  for (size_t i = 0; i < batch.rows.size(); ++i) {
+    uint64_t remote = 0;
+    const Region* r = Locate(s, spec, batch.slots[i], &remote);
+    if (r == nullptr || r->mapped == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("row ", batch.rows[i], " of table ", spec.id,
+                                                     " is not mapped from shard ", server));
+    }
+    std::memcpy(batch.dst[i], r->mapped + (remote - r->info.base_address), row_bytes);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> UcxShardTransport::StartGetsLocked(uint32_t server, const TableSpec& spec,
+                                                            const ReadBatch& batch) {
+  Server& s = servers_[server];
+  const size_t row_bytes = spec.row_bytes();
+  ucp_request_param_t param{};
+  for (size_t i = 0; i < batch.rows.size(); ++i) {
+    uint64_t remote = 0;
+    const Region* r = Locate(s, spec, batch.slots[i], &remote);
+    if (r == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("row ", batch.rows[i], " of table ", spec.id,
+                                                     " is not held by shard ", server));
+    }
+    void* req = ucp_get_nbx(s.ep, batch.dst[i], row_bytes, remote, r->rkey, &param);
+    if (UCS_PTR_IS_ERR(req)) return UcsToStatus(UCS_PTR_STATUS(req), "ucp_get_nbx");
+    if (req != nullptr) ucp_request_free(req);  // completion is tracked by the flush below
+  }
+  uint64_t op_id = next_op_++;
+  ops_[op_id];
+  ucp_request_param_t flush{};
+  flush.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  flush.cb.send = &UcxShardTransport::OnOpDone;
+  flush.user_data = new std::pair<UcxShardTransport*, uint64_t>(this, op_id);
+  void* req = ucp_ep_flush_nbx(s.ep, &flush);
+  if (req == nullptr) {
+    delete static_cast<std::pair<UcxShardTransport*, uint64_t>*>(flush.user_data);
+    ops_[op_id].done = true;
+  } else if (UCS_PTR_IS_ERR(req)) {
+    delete static_cast<std::pair<UcxShardTransport*, uint64_t>*>(flush.user_data);
+    ops_[op_id].done = true;
+    ops_[op_id].status = UcsToStatus(UCS_PTR_STATUS(req), "ucp_ep_flush_nbx");
+  }
+  // Otherwise OnOpDone completes the op and frees the request.
+  return op_id;
+}
+
+absl::StatusOr<uint64_t> UcxShardTransport::StartGatherLocked(uint32_t server,
+                                                              const TableSpec& spec,
+                                                              const ReadBatch& batch) {
+  Server& s = servers_[server];
+  uint64_t op_id = next_op_++;
+  Op& op = ops_[op_id];
+  op.dst.assign(batch.dst.begin(), batch.dst.end());
+  op.row_bytes = spec.row_bytes();
+  op.rows.assign(batch.rows.begin(), batch.rows.end());
+  GatherRequestHeader header{op_id, spec.id, static_cast<uint32_t>(batch.rows.size())};
+  ucp_request_param_t am{};
+  am.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  am.flags = UCP_AM_SEND_FLAG_REPLY;
+  // op.rows stays alive until the reply arrives, which is after the send completed.
+  void* req = ucp_am_send_nbx(s.ep, kGatherRequestAm, &header, sizeof(header), op.rows.data(),
+                              op.rows.size() * sizeof(uint64_t), &am);
+  if (UCS_PTR_IS_ERR(req)) {
+    ops_.erase(op_id);
+    return UcsToStatus(UCS_PTR_STATUS(req), "ucp_am_send_nbx");
+  }
+  if (req != nullptr) ucp_request_free(req);
+  return op_id;
+}
+
+void UcxShardTransport::DeliverGather(const GatherReplyHeader& h, const std::byte* bytes,
+                                      size_t n) {
+  auto it = ops_.find(h.request_id);
+  if (it == ops_.end() || it->second.done) return;  // timed out and abandoned: drop
+  Op& op = it->second;
+  op.done = true;
+  if (h.code != 0) {
+    op.status = absl::Status(static_cast<absl::StatusCode>(h.code),
+                             std::string(reinterpret_cast<const char*>(bytes), n));
+  } else if (h.count != op.dst.size() || h.row_bytes != op.row_bytes ||
+             n != size_t{h.count} * h.row_bytes) {
+    op.status = absl::InternalError("gather reply does not match the request");
+  } else {
+    for (size_t i = 0; i < op.dst.size(); ++i) {
+      std::memcpy(op.dst[i], bytes + i * op.row_bytes, op.row_bytes);
+    }
+  }
+}
+
+void UcxShardTransport::FailOp(uint64_t op_id, const absl::Status& status) {
+  auto it = ops_.find(op_id);
+  if (it == ops_.end() || it->second.done) return;
+  it->second.done = true;
+  it->second.status = status;
+}
+
+// A reply to one of our gather requests (runs inside ucp_worker_progress, mu_ held). Rows are
+// scattered into the caller's buffers only while the op is still waited for.
+ucs_status_t UcxShardTransport::OnGatherReply(void* arg, const void* header, size_t header_length,
+                                              void* data, size_t length,
+                                              const ucp_am_recv_param_t* param) {
+  auto* self = static_cast<UcxShardTransport*>(arg);
+  if (header_length != sizeof(GatherReplyHeader)) return UCS_OK;
+  GatherReplyHeader reply;
+  std::memcpy(&reply, header, sizeof(reply));
+  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+    self->DeliverGather(reply, static_cast<const std::byte*>(data), length);
+    return UCS_OK;
+  }
+  // Rendezvous: receive into a staging buffer owned by the receive itself (it may outlive the
+  // op when the caller gave up), then scatter.
+  struct RecvCtx {
+    UcxShardTransport* self;
+    GatherReplyHeader header;
+    std::vector<std::byte> staging;
+  };
+  auto* ctx = new RecvCtx{self, reply, std::vector<std::byte>(length)};
+  ucp_request_param_t rparam{};
+  rparam.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  rparam.user_data = ctx;
+  rparam.cb.recv_am = [](void* req, ucs_status_t status, size_t /*len*/, void* user) {
+    auto* c = static_cast<RecvCtx*>(user);
+    if (status == UCS_OK) {
+      c->self->DeliverGather(c->header, c->staging.data(), c->staging.size());
+    } else {
+      c->self->FailOp(c->header.request_id, UcsToStatus(status, "gather reply receive"));
+    }
+    delete c;
+    ucp_request_free(req);
+  };
+  void* req =
+      ucp_am_recv_data_nbx(self->worker_->worker(), data, ctx->staging.data(), length, &rparam);
+  if (req == nullptr) {
+    self->DeliverGather(ctx->header, ctx->staging.data(), ctx->staging.size());
+    delete ctx;
+  } else if (UCS_PTR_IS_ERR(req)) {
+    self->FailOp(reply.request_id, UcsToStatus(UCS_PTR_STATUS(req), "gather reply receive"));
+    delete ctx;
+  }
+  // Otherwise the callback completes and frees the request (ucp_request_free before completion
+  // would cancel the callback).
+  return UCS_OK;
+}
+
+absl::StatusOr<std::unique_ptr<ShardTransport::Pending>> UcxShardTransport::Start(
+    uint32_t server, const TableSpec& spec, const ReadBatch& batch, absl::Time /*deadline*/) {
+  if (server >= options_.num_servers) return absl::InvalidArgumentError("no such shard");
+  UcxReadMode mode = ModeFor(server, batch.rows.size());
+  auto pending = std::make_unique<UcxPending>();
+  pending->server = server;
+  absl::MutexLock lock(&mu_);
+  if (servers_[server].failed || servers_[server].ep == nullptr) {
+    return absl::UnavailableError(absl::StrCat("shard ", server, " is not connected"));
+  }
+  absl::StatusOr<uint64_t> op;
+  switch (mode) {
+    case UcxReadMode::kMapped:
+      pending->status = ReadMapped(server, spec, batch);
+      return pending;
+    case UcxReadMode::kGather:
+      op = StartGatherLocked(server, spec, batch);
+      break;
+    default:
+      op = StartGetsLocked(server, spec, batch);
+      break;
+  }
+  if (!op.ok()) {
+    // Gets already issued may still land in dst: flush them before reporting.
+    ucp_request_param_t flush{};
+    WaitLocked(ucp_ep_flush_nbx(servers_[server].ep, &flush), absl::Now() + absl::Seconds(1),
+               "flush")
+        .IgnoreError();
+    return op.status();
+  }
+  pending->op = *op;
+  return pending;
+}
+
+absl::Status UcxShardTransport::Finish(Pending& base, absl::Time deadline) {
+  auto& pending = static_cast<UcxPending&>(base);
+  if (pending.op == 0) return pending.status;
+  absl::MutexLock lock(&mu_);
+  ucp_worker_h worker = worker_->worker();
+  for (int spins = 0;; ++spins) {
+    auto it = ops_.find(pending.op);
+    if (it == ops_.end()) return absl::InternalError("unknown UCX op");
+    if (it->second.done) {
+      absl::Status status = it->second.status;
+      ops_.erase(it);
+      if (servers_[pending.server].failed && status.ok()) {
+        status = absl::UnavailableError(absl::StrCat("shard ", pending.server, " failed"));
+      }
+      return status;
+    }
+    if (servers_[pending.server].failed) {
+      ops_.erase(it);
+      DisconnectLocked(pending.server);
+      return absl::UnavailableError(absl::StrCat("shard ", pending.server, " endpoint failed"));
+    }
+    ucp_worker_progress(worker);
+    if ((spins & 63) == 0 && absl::Now() > deadline) {
+      ops_.erase(it);
+      DisconnectLocked(pending.server);  // cancels the reads still writing into dst
+      return absl::DeadlineExceededError(
+          absl::StrCat("shard ", pending.server, ": no answer before the deadline"));
+    }
+  }
+}
+
+absl::Status UcxShardTransport::Probe(uint32_t server, absl::Time deadline) {
+  return probe_ ? probe_(server, deadline) : absl::OkStatus();
+}
+
+std::vector<std::string> UcxShardTransport::EndpointTransportsOf(uint32_t server) const {
+  absl::MutexLock lock(&mu_);
+  return server < servers_.size() ? servers_[server].transports : std::vector<std::string>{};
+}
+
+}  // namespace hlem::shard

@@ -1,0 +1,128 @@
+#pragma once
+// ShardTransport over UCX. One worker and one endpoint per shard server, wired up at creation
+// (never on the first request). Three ways to read a batch, chosen per batch:
+//   - get:    one ucp_get_nbx per row straight into the caller's buffer (no server CPU over
+//             shared memory; bounded by the message rate),
+//   - gather: the row ids go in one active message; the server packs the rows into one reply,
+//   - mapped: over shared memory UCX can map the server's table memory into this process
+//             (ucp_rkey_ptr); rows are then copied with memcpy, still without server CPU.
+// kAuto uses mapped where available, else gather for batches of at least the transport's
+// threshold (UcxOptions::gather_min_rows_*), else get.
+//
+// Thread-safe: calls are serialised on one mutex around the worker.
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "embedding_shard/core/shard_client.h"
+#include "embedding_shard/transport/ucx_common.h"
+
+namespace hlem::shard {
+
+enum class UcxReadMode { kAuto, kGet, kGather, kMapped };
+absl::StatusOr<UcxReadMode> ParseUcxReadMode(absl::string_view name);
+absl::string_view UcxReadModeName(UcxReadMode mode);
+
+class UcxShardTransport final : public ShardTransport {
+ public:
+  using InfoFetcher = std::function<absl::StatusOr<RdmaServerInfo>(uint32_t server)>;
+  using Prober = std::function<absl::Status(uint32_t server, absl::Time deadline)>;
+
+  struct Options {
+    UcxOptions ucx;
+    UcxReadMode mode = UcxReadMode::kAuto;
+    uint32_t num_servers = 1;
+    ShardMapOptions map;  // to turn row ids into remote addresses
+  };
+
+  // Connects to every server (fetching its RdmaServerInfo through fetch_info). A server that
+  // cannot be reached is left disconnected (reads fail with UNAVAILABLE until Reconnect).
+  static absl::StatusOr<std::unique_ptr<UcxShardTransport>> Create(const Options& options,
+                                                                   InfoFetcher fetch_info,
+                                                                   Prober probe);
+  ~UcxShardTransport() override;
+
+  std::string name() const override { return "ucx"; }
+  uint32_t num_servers() const override { return options_.num_servers; }
+  absl::StatusOr<std::unique_ptr<Pending>> Start(uint32_t server, const TableSpec& spec,
+                                                 const ReadBatch& batch,
+                                                 absl::Time deadline) override;
+  absl::Status Finish(Pending& pending, absl::Time deadline) override;
+  absl::Status Probe(uint32_t server, absl::Time deadline) override;
+  absl::Status Reconnect(uint32_t server) override;
+
+  // The transports the endpoint to `server` uses (e.g. {"posix/memory"}), empty if down.
+  std::vector<std::string> EndpointTransportsOf(uint32_t server) const;
+  // The mode a batch of `rows` rows to `server` would use.
+  UcxReadMode ModeFor(uint32_t server, size_t rows) const;
+
+ private:
+  struct Region {
+    RdmaRegionInfo info;
+    ucp_rkey_h rkey = nullptr;
+    std::byte* mapped = nullptr;  // ucp_rkey_ptr result, when the memory is mapped here
+  };
+  struct Server {
+    ucp_ep_h ep = nullptr;
+    bool failed = true;
+    bool shm = false;
+    bool all_mapped = false;
+    std::vector<std::string> transports;
+    absl::flat_hash_map<uint64_t, size_t> region_index;  // (table, partition) -> regions[i]
+    std::vector<Region> regions;
+  };
+  struct Op {
+    bool done = false;
+    absl::Status status;
+    // gather replies only
+    std::vector<std::byte*> dst;
+    size_t row_bytes = 0;
+    std::vector<uint64_t> rows;  // request payload, alive until the send completes
+  };
+  class UcxPending;
+
+  UcxShardTransport(const Options& options, ShardMap map)
+      : options_(options), map_(std::move(map)) {}
+  absl::Status ConnectLocked(uint32_t server, const RdmaServerInfo& info)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DisconnectLocked(uint32_t server) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status WaitLocked(void* request, absl::Time deadline, absl::string_view what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The region holding `slot`, and the row's address in it; nullptr if the server lacks it.
+  const Region* Locate(const Server& s, const TableSpec& spec, uint64_t slot,
+                       uint64_t* remote_address) const;
+  absl::StatusOr<uint64_t> StartGetsLocked(uint32_t server, const TableSpec& spec,
+                                           const ReadBatch& batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<uint64_t> StartGatherLocked(uint32_t server, const TableSpec& spec,
+                                             const ReadBatch& batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ReadMapped(uint32_t server, const TableSpec& spec, const ReadBatch& batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  static void OnError(void* arg, ucp_ep_h ep, ucs_status_t status);
+  static ucs_status_t OnGatherReply(void* arg, const void* header, size_t header_length, void* data,
+                                    size_t length, const ucp_am_recv_param_t* param);
+  static void OnOpDone(void* request, ucs_status_t status, void* user_data);
+  void DeliverGather(const GatherReplyHeader& header, const std::byte* bytes, size_t n)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FailOp(uint64_t op_id, const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Options options_;
+  const ShardMap map_;
+  InfoFetcher fetch_info_;
+  Prober probe_;
+  std::unique_ptr<UcxWorker> worker_;
+
+  mutable absl::Mutex mu_;
+  std::vector<Server> servers_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, Op> ops_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_op_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+}  // namespace hlem::shard

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages HLEM needs to build, test and run. Idempotent: when every package
+# is already installed it returns in well under a second without touching apt.
+set -euo pipefail
+
+packages=(
+  cmake ninja-build g++ pkg-config git
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libspdlog-dev libucx-dev ucx-utils prometheus-cpp-dev libyaml-cpp-dev libcli11-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libeigen3-dev
+  libtorch-dev libopenblas0-openmp
+  clang-format-14 clang-14 libclang-rt-14-dev libfuzzer-14-dev
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$'; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}"
+  sudo_cmd=()
+  [ "$(id -u)" -ne 0 ] && sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -o DPkg::Lock::Timeout=300
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y --no-install-recommends \
+    -o DPkg::Lock::Timeout=300 "${missing[@]}"
+else
+  echo "install-deps: all ${#packages[@]} packages present"
+fi
+
+# libtorch is 40x slower on the reference BLAS; make OpenBLAS (openmp) the provider when present.
+openblas=/usr/lib/x86_64-linux-gnu/openblas-openmp/libblas.so.3
+if [ -e "$openblas" ] && command -v update-alternatives >/dev/null; then
+  current=$(update-alternatives --query libblas.so.3-x86_64-linux-gnu 2>/dev/null | awk '/^Value:/{print $2}')
+  if [ "$current" != "$openblas" ]; then
+    ${sudo_cmd[@]+"${sudo_cmd[@]}"} update-alternatives --set libblas.so.3-x86_64-linux-gnu "$openblas" || true
+  fi
+fi

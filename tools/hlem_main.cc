@@ -1,0 +1,17 @@
+// hlem: HLEM's command-line tools (table files, shard reads; later workload, loadgen, cluster,
+// sim, eval). Exit codes: 0 success, 1 the operation failed, 2 bad usage or input.
+#include <cstdio>
+
+#include "common/logging.h"
+#include "tools/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"HLEM command-line tools"};
+  app.require_subcommand(1);
+  hlem::tools::Run run;
+  hlem::tools::RegisterTableCommands(app, &run);
+  hlem::tools::RegisterShardCommands(app, &run);
+  CLI11_PARSE(app, argc, argv);
+  if (auto s = hlem::InitLogging({.level = "warn"}); !s.ok()) return 2;
+  return run ? run() : 2;
+}
