@@ -21,7 +21,7 @@ struct Group {
   std::vector<uint64_t> rows;
   std::vector<uint64_t> slots;
   std::vector<std::byte*> dst;
-  std::unique_ptr<ShardTransport::Pending> pending;
+  absl::Time deadline;
   absl::Status status;
 };
 
@@ -208,16 +208,23 @@ absl::Status ShardClient::FetchInto(uint32_t table_id, std::span<const uint64_t>
       g.slots.push_back(slots[i]);
       g.dst.push_back(dst[i]);
     }
-    // Start every group (in chunks of max_batch_rows), then collect.
+    // Start every group (in chunks of max_batch_rows), then collect. A group whose partitions all
+    // have another replica left gets only attempt_timeout.
     std::vector<std::pair<Group*, std::unique_ptr<ShardTransport::Pending>>> started;
     for (Group& g : groups) {
+      g.deadline = deadline;
+      bool has_fallback = true;
+      for (uint32_t p : g.partitions) {
+        has_fallback &= next_replica[p] + 1 < map_.ServersOf(p).size();
+      }
+      if (has_fallback) g.deadline = std::min(deadline, clock_.Now() + options_.attempt_timeout);
       for (size_t first = 0; first < g.rows.size() && g.status.ok();
            first += options_.max_batch_rows) {
         size_t n = std::min<size_t>(options_.max_batch_rows, g.rows.size() - first);
         ReadBatch batch{std::span<const uint64_t>(g.rows).subspan(first, n),
                         std::span<const uint64_t>(g.slots).subspan(first, n),
                         std::span<std::byte* const>(g.dst).subspan(first, n)};
-        auto pending = transport_->Start(g.server, *spec, batch, deadline);
+        auto pending = transport_->Start(g.server, *spec, batch, g.deadline);
         if (pending.ok()) {
           started.emplace_back(&g, std::move(*pending));
         } else {
@@ -226,7 +233,7 @@ absl::Status ShardClient::FetchInto(uint32_t table_id, std::span<const uint64_t>
       }
     }
     for (auto& [g, pending] : started) {
-      absl::Status s = transport_->Finish(*pending, deadline);
+      absl::Status s = transport_->Finish(*pending, g->deadline);
       if (g->status.ok()) g->status = s;
     }
     for (Group& g : groups) {
@@ -236,10 +243,11 @@ absl::Status ShardClient::FetchInto(uint32_t table_id, std::span<const uint64_t>
       }
       if (!IsServerFailure(g.status)) return g.status;  // the server's verdict on the request
       absl::StrAppend(&failures, "; shard ", g.server, ": ", g.status.message());
+      // A server that did not answer in time is skipped until a probe finds it serving again.
+      MarkDown(g.server);
       if (absl::IsDeadlineExceeded(g.status) && clock_.Now() >= deadline) {
         return absl::DeadlineExceededError(absl::StrCat("fetch deadline passed", failures));
       }
-      MarkDown(g.server);
       for (uint32_t p : g.partitions) ++next_replica[p];
       failed_over = true;
     }

@@ -62,8 +62,13 @@ struct ShardClientOptions {
   std::vector<TableSpec> tables;
   ShardMapOptions map;
   uint32_t max_batch_rows = 65536;  // per request to one server (the servers' limit)
-  absl::Duration probe_interval = absl::Milliseconds(500);  // 0 disables background probing
+  // Background probing; also the only way a server marked down comes back (0 disables both).
+  absl::Duration probe_interval = absl::Milliseconds(500);
   absl::Duration probe_timeout = absl::Milliseconds(300);
+  // How long one server may take before its rows are re-sent to the next replica (when one is
+  // left; the last replica gets the whole deadline). A dead peer over shared memory reports no
+  // error, so without this a read would wait for the caller's deadline.
+  absl::Duration attempt_timeout = absl::Milliseconds(250);
 };
 
 class ShardClient {

@@ -87,6 +87,7 @@ absl::StatusOr<std::unique_ptr<UcxShardTransport>> UcxShardTransport::Create(con
   }
   for (uint32_t s = 0; s < options.num_servers; ++s) {
     absl::Status connected = t->Reconnect(s);
+    if (absl::IsFailedPrecondition(connected)) return connected;  // a setting, not an outage
     if (!connected.ok()) {
       GetLogger("shard_client")
           ->warn("ucx_connect_failed shard={} error={}", s, connected.ToString());
@@ -141,6 +142,12 @@ absl::Status UcxShardTransport::ConnectLocked(uint32_t server, const RdmaServerI
     }
     s.region_index[RegionKey(r.table_id, r.partition)] = s.regions.size();
     s.regions.push_back(std::move(region));
+  }
+  if (options_.mode == UcxReadMode::kMapped && !s.all_mapped) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "read mode 'mapped' needs the shard's memory mapped into this process (shared memory on "
+        "one host); shard ",
+        server, " is not mappable"));
   }
   s.failed = false;
   // Wire up every lane now, so the first request pays nothing: one get per region, and an empty

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The README's test command: installs the Debian packages HLEM needs (idempotent), builds
+# everything, checks formatting, runs every test label, then builds the core libraries with
+# ASan+UBSan and runs their unit and fuzz-corpus tests. Prints the time of each stage.
+#   scripts/test.sh            everything
+#   HLEM_JOBS=N                build parallelism (default: number of cores)
+#   HLEM_SKIP_SANITIZERS=1     skip the ASan+UBSan stage (local iteration only; CI runs it)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+jobs=${HLEM_JOBS:-$(nproc)}
+build_dir=${HLEM_BUILD_DIR:-build}
+declare -a stage_names stage_secs stage_results
+failed=0
+passed_stages=0
+
+stage() {  # stage NAME COMMAND...
+  local name=$1
+  shift
+  local start=$SECONDS
+  echo "=== [$name] $*"
+  "$@"
+  local rc=$?
+  local took=$((SECONDS - start))
+  stage_names+=("$name")
+  stage_secs+=("$took")
+  if [ $rc -eq 0 ]; then
+    stage_results+=("ok")
+    passed_stages=$((passed_stages + 1))
+  else
+    stage_results+=("FAILED (exit $rc)")
+    failed=$((failed + 1))
+  fi
+  echo "=== [$name] ${stage_results[-1]} in ${took}s"
+  return $rc
+}
+
+check_format() {
+  local files
+  files=$(git ls-files '*.cc' '*.h' '*.cu' '*.cuh' 2>/dev/null)
+  [ -z "$files" ] && files=$(find . -path ./build -prune -o \( -name '*.cc' -o -name '*.h' \) -print)
+  # shellcheck disable=SC2086
+  clang-format-14 --dry-run --Werror $files
+}
+
+ctest_label() {  # ctest_label DIR LABEL
+  ctest --test-dir "$1" -L "^$2\$" --output-on-failure --no-tests=error -j1
+}
+
+total_start=$SECONDS
+stage deps bash scripts/install-deps.sh || { echo "dependency install failed"; exit 1; }
+stage configure cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo || exit 1
+stage build cmake --build "$build_dir" -j "$jobs" || exit 1
+stage format check_format
+for label in unit fuzz integration bench; do
+  stage "test:$label" ctest_label "$build_dir" "$label"
+done
+if [ "${HLEM_SKIP_SANITIZERS:-0}" != "1" ]; then
+  if stage "asan:configure" cmake --preset asan -S . >/dev/null &&
+     stage "asan:build" cmake --build --preset asan -j "$jobs"; then
+    stage "asan:test" ctest --test-dir build-asan --output-on-failure --no-tests=error -j1
+  fi
+fi
+
+echo
+echo "=== stage times"
+for i in "${!stage_names[@]}"; do
+  printf '  %-18s %5ss  %s\n' "${stage_names[$i]}" "${stage_secs[$i]}" "${stage_results[$i]}"
+done
+printf '  %-18s %5ss\n' total $((SECONDS - total_start))
+echo "stages: ${passed_stages} passed, ${failed} failed"
+[ "$failed" -eq 0 ]

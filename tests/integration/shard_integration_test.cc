@@ -1,0 +1,328 @@
+// Two real embedding_shard processes on loopback: every byte fetched over UCX (each read mode) and
+// gRPC is checked against the generator; a killed shard is failed over or reported UNAVAILABLE
+// within the deadline; bad input gets clear statuses; bad config is fatal and names the field.
+
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/clock.h"
+#include "common/grpc_server.h"
+#include "common/grpc_status.h"
+#include "common/rng.h"
+#include "embedding_shard/client/grpc_transport.h"
+#include "embedding_shard/client/shard_client_factory.h"
+#include "gtest/gtest.h"
+#include "tests/testing/shard_cluster.h"
+
+namespace hlem::shard {
+namespace {
+
+std::string ClusterYaml(uint32_t replicas, const std::string& transports = "auto") {
+  return absl::StrCat(R"(
+shard_map: {num_shards: 2, partitioning: hash, replicas: )",
+                      replicas, R"(, hash_seed: 3}
+tables:
+  - {id: 0, name: item, rows: 200000, dim: 32, dtype: fp32}
+  - {id: 5, name: category, rows: 5000, dim: 24, dtype: fp16}
+  - {id: 9, name: action, rows: 64, dim: 8, dtype: bf16}
+content: {source: generated, seed: 77}
+limits: {max_batch_rows: 4096}
+ucx: {transports: )",
+                      transports, R"(, net_devices: lo}
+)");
+}
+
+std::string WorkDir(const std::string& name) {
+  return absl::StrCat(::testing::TempDir(), "/hlem_shard_it_", name, "_", getpid());
+}
+
+std::unique_ptr<testing::ShardCluster> StartCluster(const std::string& name, uint32_t replicas,
+                                                    const std::string& transports = "auto") {
+  testing::ShardClusterOptions options;
+  options.binary = HLEM_SHARD_BINARY;
+  options.work_dir = WorkDir(name);
+  options.config_yaml = ClusterYaml(replicas, transports);
+  auto cluster = testing::ShardCluster::Start(options);
+  EXPECT_TRUE(cluster.ok()) << cluster.status();
+  return cluster.ok() ? std::move(*cluster) : nullptr;
+}
+
+struct Variant {
+  ClientTransport transport;
+  UcxReadMode mode;
+  std::string name;
+};
+
+const Variant kVariants[] = {
+    {ClientTransport::kUcx, UcxReadMode::kAuto, "ucx_auto"},
+    {ClientTransport::kUcx, UcxReadMode::kGet, "ucx_get"},
+    {ClientTransport::kUcx, UcxReadMode::kGather, "ucx_gather"},
+    {ClientTransport::kUcx, UcxReadMode::kMapped, "ucx_mapped"},
+    {ClientTransport::kGrpc, UcxReadMode::kAuto, "grpc"},
+};
+
+std::unique_ptr<ShardClient> Connect(const testing::ShardCluster& cluster, const Variant& v,
+                                     absl::Duration probe_interval = absl::Milliseconds(200)) {
+  ShardClientSetup setup;
+  setup.cluster = cluster.config();
+  setup.transport = v.transport;
+  setup.ucx_mode = v.mode;
+  setup.probe_interval = probe_interval;
+  auto client = ConnectShardClient(setup, RealClock::Get());
+  EXPECT_TRUE(client.ok()) << v.name << ": " << client.status();
+  return client.ok() ? std::move(*client) : nullptr;
+}
+
+// Fetches random batches until `total_rows` rows were read; returns rows whose bytes differ from
+// the generator (every byte of every row is compared). Fetch errors fail the test.
+uint64_t FetchAndVerify(ShardClient& client, const ShardClusterConfig& config, uint64_t total_rows,
+                        uint64_t seed, uint64_t* fetched) {
+  Rng rng(seed);
+  uint64_t wrong = 0;
+  *fetched = 0;
+  std::vector<std::byte> expected;
+  while (*fetched < total_rows) {
+    const TableSpec& spec = config.tables[rng() % config.tables.size()];
+    size_t n = 1 + rng() % 3000;  // crosses max_batch_rows (4096) only when summed per server
+    if (rng() % 8 == 0) n = 4096 + rng() % 3000;
+    std::vector<uint64_t> rows(n);
+    for (auto& r : rows) r = rng() % spec.rows;
+    std::vector<std::byte> out(n * spec.row_bytes());
+    absl::Status s = client.Fetch(spec.id, rows, out, absl::Now() + absl::Seconds(10));
+    EXPECT_TRUE(s.ok()) << s << " table=" << spec.id << " n=" << n;
+    if (!s.ok()) return wrong + n;
+    expected.resize(spec.row_bytes());
+    for (size_t i = 0; i < n; ++i) {
+      GenerateRow(config.content.seed, spec, rows[i], expected.data());
+      if (std::memcmp(out.data() + i * spec.row_bytes(), expected.data(), spec.row_bytes()) != 0) {
+        ++wrong;
+      }
+    }
+    *fetched += n;
+  }
+  return wrong;
+}
+
+TEST(ShardIntegrationTest, EveryTransportReturnsExactBytesAndSurvivesAKilledShard) {
+  auto cluster = StartCluster("replicated", /*replicas=*/2);
+  ASSERT_NE(cluster, nullptr);
+  std::vector<std::unique_ptr<ShardClient>> clients;
+  for (const Variant& v : kVariants) {
+    clients.push_back(Connect(*cluster, v));
+    ASSERT_NE(clients.back(), nullptr);
+    uint64_t fetched = 0;
+    uint64_t wrong = FetchAndVerify(*clients.back(), cluster->config(), 100000, 1, &fetched);
+    EXPECT_GE(fetched, 100000u) << v.name;
+    EXPECT_EQ(wrong, 0u) << v.name;
+  }
+
+  // The shard really served through the transports it says (gRPC and UCX gathered reads).
+  ASSERT_GT(cluster->metrics_ports()[0], 0);
+
+  // Kill shard 0: every partition has a replica on shard 1, so every client keeps working and
+  // every byte stays right; nobody waits past the deadline.
+  cluster->process(0).Signal(SIGKILL);
+  ASSERT_TRUE(cluster->process(0).Wait(absl::Seconds(10)).ok());
+  for (size_t i = 0; i < clients.size(); ++i) {
+    uint64_t fetched = 0;
+    absl::Time start = absl::Now();
+    uint64_t wrong = FetchAndVerify(*clients[i], cluster->config(), 20000, 2, &fetched);
+    EXPECT_EQ(wrong, 0u) << kVariants[i].name;
+    EXPECT_LT(absl::Now() - start, absl::Seconds(60)) << kVariants[i].name;
+  }
+  // Within a few probe intervals every client knows shard 0 is down.
+  absl::SleepFor(absl::Seconds(1));
+  for (size_t i = 0; i < clients.size(); ++i) {
+    EXPECT_FALSE(clients[i]->IsHealthy(0)) << kVariants[i].name;
+    EXPECT_TRUE(clients[i]->IsHealthy(1)) << kVariants[i].name;
+  }
+}
+
+TEST(ShardIntegrationTest, WithoutReplicaAKilledShardIsUnavailableWithinTheDeadline) {
+  auto cluster = StartCluster("single", /*replicas=*/1);
+  ASSERT_NE(cluster, nullptr);
+  ShardMap map = *ShardMap::Create(cluster->config().map);
+  const TableSpec& spec = cluster->config().tables[0];
+  // Rows of partition 1 (only on shard 1) and of partition 0 (only on shard 0).
+  std::vector<uint64_t> on1, on0;
+  for (uint64_t r = 0; on1.size() < 100 || on0.size() < 100; ++r) {
+    (map.PartitionOfSlot(spec, map.SlotOfRow(spec, r)) == 1 ? on1 : on0).push_back(r);
+  }
+  on1.resize(100);
+  on0.resize(100);
+  std::vector<std::unique_ptr<ShardClient>> clients;
+  for (const Variant& v : kVariants) {
+    // No background probing: the first failure must be detected by the read itself.
+    clients.push_back(Connect(*cluster, v, absl::ZeroDuration()));
+    ASSERT_NE(clients.back(), nullptr);
+  }
+  cluster->process(1).Signal(SIGKILL);
+  ASSERT_TRUE(cluster->process(1).Wait(absl::Seconds(10)).ok());
+  std::vector<std::byte> out(100 * spec.row_bytes());
+  for (size_t i = 0; i < clients.size(); ++i) {
+    // A read that needs the dead shard: an error within the deadline, never a hang. Over shared
+    // memory a get or mapped read of the dead shard's (immutable) rows may still succeed, as long
+    // as the bytes are right; then the probe must mark the shard down.
+    absl::Time start = absl::Now();
+    absl::Status s = clients[i]->Fetch(0, on1, out, start + absl::Seconds(2));
+    absl::Duration took = absl::Now() - start;
+    EXPECT_LT(took, absl::Seconds(3)) << kVariants[i].name;
+    if (s.ok()) {
+      std::vector<std::byte> expected(spec.row_bytes());
+      for (size_t k = 0; k < on1.size(); ++k) {
+        GenerateRow(cluster->config().content.seed, spec, on1[k], expected.data());
+        ASSERT_EQ(std::memcmp(out.data() + k * spec.row_bytes(), expected.data(), spec.row_bytes()),
+                  0);
+      }
+      clients[i]->ProbeAll();
+      s = clients[i]->Fetch(0, on1, out, absl::Now() + absl::Seconds(2));
+    }
+    EXPECT_TRUE(absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s))
+        << kVariants[i].name << ": " << s;
+    // Once known down, the answer is immediate.
+    start = absl::Now();
+    s = clients[i]->Fetch(0, on1, out, start + absl::Seconds(2));
+    EXPECT_TRUE(absl::IsUnavailable(s)) << kVariants[i].name << ": " << s;
+    EXPECT_LT(absl::Now() - start, absl::Milliseconds(100)) << kVariants[i].name;
+    // Rows of the live shard are still served.
+    EXPECT_TRUE(clients[i]->Fetch(0, on0, out, absl::Now() + absl::Seconds(5)).ok())
+        << kVariants[i].name;
+  }
+}
+
+TEST(ShardIntegrationTest, UcxOverTcpReturnsExactBytesAndFailsOver) {
+  auto cluster = StartCluster("tcp", /*replicas=*/2, "tcp");
+  ASSERT_NE(cluster, nullptr);
+  std::vector<std::unique_ptr<ShardClient>> clients;
+  for (const Variant& v : {kVariants[1], kVariants[2]}) {  // get, gather
+    clients.push_back(Connect(*cluster, v));
+    ASSERT_NE(clients.back(), nullptr);
+    auto& ucx = static_cast<UcxShardTransport&>(clients.back()->transport());
+    EXPECT_EQ(ucx.EndpointTransportsOf(0), std::vector<std::string>{"tcp/lo"}) << v.name;
+    uint64_t fetched = 0;
+    EXPECT_EQ(FetchAndVerify(*clients.back(), cluster->config(), 20000, 4, &fetched), 0u) << v.name;
+  }
+  // Mapped reads need shared memory: asking for them over tcp is a clear setup error.
+  ShardClientSetup setup;
+  setup.cluster = cluster->config();
+  setup.ucx_mode = UcxReadMode::kMapped;
+  auto mapped = ConnectShardClient(setup, RealClock::Get());
+  EXPECT_EQ(mapped.status().code(), absl::StatusCode::kFailedPrecondition) << mapped.status();
+
+  cluster->process(0).Signal(SIGKILL);
+  ASSERT_TRUE(cluster->process(0).Wait(absl::Seconds(10)).ok());
+  for (auto& client : clients) {
+    uint64_t fetched = 0;
+    EXPECT_EQ(FetchAndVerify(*client, cluster->config(), 5000, 5, &fetched), 0u);
+    EXPECT_FALSE(client->IsHealthy(0));
+  }
+}
+
+TEST(ShardIntegrationTest, BadInputGetsClearStatusesOverGrpcAndUcx) {
+  auto cluster = StartCluster("badinput", /*replicas=*/2);
+  ASSERT_NE(cluster, nullptr);
+  GrpcShardTransport grpc(cluster->addresses());
+  auto lookup = [&](uint32_t table, std::vector<uint64_t> rows) {
+    grpc::ClientContext context;
+    SetDeadline(context, absl::Now() + absl::Seconds(5));
+    hlem::v1::LookupRequest request;
+    request.set_table_id(table);
+    for (uint64_t r : rows) request.add_row_ids(r);
+    hlem::v1::LookupResponse response;
+    return FromGrpcStatus(grpc.stub(0).Lookup(&context, request, &response));
+  };
+  EXPECT_EQ(lookup(3, {1}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(lookup(3, {1}).message()).find("table_id 3"), std::string::npos);
+  EXPECT_EQ(lookup(0, {}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(lookup(0, {200000}).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(lookup(0, std::vector<uint64_t>(4097, 1)).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(lookup(9, {0, 63, 5}).ok());
+
+  // The UCX gathered read carries the server's verdict back the same way.
+  UcxShardTransport::Options options;
+  options.ucx = cluster->config().ucx;
+  options.mode = UcxReadMode::kGather;
+  options.num_servers = 2;
+  options.map = cluster->config().map;
+  ShardClientSetup setup;
+  setup.cluster = cluster->config();
+  setup.ucx_mode = UcxReadMode::kGather;
+  auto client = ConnectShardClient(setup, RealClock::Get());
+  ASSERT_TRUE(client.ok()) << client.status();
+  const TableSpec unknown{.id = 3, .name = "x", .rows = 10, .dim = 8, .dtype = Dtype::kFp32};
+  std::vector<uint64_t> rows = {1}, slots = {1};
+  std::vector<std::byte> buf(32);
+  std::vector<std::byte*> dst = {buf.data()};
+  auto pending = (*client)->transport().Start(0, unknown, ReadBatch{rows, slots, dst},
+                                              absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(pending.ok());
+  absl::Status s = (*client)->transport().Finish(**pending, absl::Now() + absl::Seconds(5));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  // And the client rejects bad requests before they leave the process.
+  std::vector<uint64_t> bad = {200000};
+  std::vector<std::byte> out(128);
+  EXPECT_EQ((*client)->Fetch(0, bad, out, absl::Now() + absl::Seconds(1)).code(),
+            absl::StatusCode::kOutOfRange);
+}
+
+TEST(ShardIntegrationTest, MetricsShowTrafficByTransport) {
+  auto cluster = StartCluster("metrics", /*replicas=*/2);
+  ASSERT_NE(cluster, nullptr);
+  for (const Variant& v : {kVariants[2], kVariants[4]}) {  // ucx_gather, grpc
+    auto client = Connect(*cluster, v);
+    ASSERT_NE(client, nullptr);
+    uint64_t fetched = 0;
+    EXPECT_EQ(FetchAndVerify(*client, cluster->config(), 5000, 3, &fetched), 0u);
+  }
+  // Plain HTTP GET of /metrics on shard 0.
+  std::string body;
+  {
+    std::string cmd = absl::StrCat("exec 3<>/dev/tcp/127.0.0.1/", cluster->metrics_ports()[0],
+                                   "; printf 'GET /metrics HTTP/1.0\\r\\n\\r\\n' >&3; cat <&3");
+    FILE* p = popen(absl::StrCat("bash -c \"", cmd, "\"").c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) body.append(buf, n);
+    pclose(p);
+  }
+  EXPECT_NE(body.find("hlem_shard_rows_served_total{transport=\"grpc\"}"), std::string::npos)
+      << body.substr(0, 2000);
+  EXPECT_NE(body.find("hlem_shard_rows_served_total{transport=\"ucx_gather\"}"), std::string::npos);
+  EXPECT_NE(body.find("hlem_shard_ucx_transport_info"), std::string::npos);
+  EXPECT_NE(body.find("hlem_shard_request_duration_seconds_bucket"), std::string::npos);
+}
+
+TEST(ShardIntegrationTest, BadConfigIsFatalAndNamesTheField) {
+  std::string dir = WorkDir("badconfig");
+  std::filesystem::create_directories(dir);
+  std::string config = dir + "/bad.yaml";
+  {
+    std::ofstream out(config);
+    out << "shard_map: {num_shards: 2, replicas: 5}\n"
+           "tables: [{id: 0, name: item, rows: 0, dim: 8}]\n";
+  }
+  auto process = testing::ChildProcess::Start(
+      {HLEM_SHARD_BINARY, "--config", config, "--shard-index", "0"}, dir + "/log");
+  ASSERT_TRUE(process.ok());
+  auto status = process->Wait(absl::Seconds(30));
+  ASSERT_TRUE(status.ok());
+  EXPECT_TRUE(WIFEXITED(*status));
+  EXPECT_NE(WEXITSTATUS(*status), 0);
+  std::ifstream in(dir + "/log");
+  std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(log.find("shard_map.replicas"), std::string::npos) << log;
+  EXPECT_NE(log.find("tables[0].rows"), std::string::npos) << log;
+}
+
+}  // namespace
+}  // namespace hlem::shard

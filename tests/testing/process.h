@@ -1,0 +1,47 @@
+#pragma once
+// Child processes for integration tests, benchmarks and the local cluster tool: start a binary
+// with arguments and a log file, signal it, wait for it. A ChildProcess kills (SIGKILL) and reaps
+// its process when destroyed, so a failing test leaves no orphans. Not thread-safe.
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace hlem::testing {
+
+class ChildProcess {
+ public:
+  // argv[0] is the executable path. stdout and stderr go to log_path (appended).
+  static absl::StatusOr<ChildProcess> Start(const std::vector<std::string>& argv,
+                                            const std::string& log_path);
+  ChildProcess(ChildProcess&& other) noexcept;
+  ChildProcess& operator=(ChildProcess&& other) noexcept;
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+  ~ChildProcess();
+
+  pid_t pid() const { return pid_; }
+  bool running();
+  void Signal(int signal);
+  // Waits for exit up to `timeout`; returns the exit status (as from waitpid), or
+  // DEADLINE_EXCEEDED if it is still running.
+  absl::StatusOr<int> Wait(absl::Duration timeout);
+  // SIGTERM, wait up to `grace`, then SIGKILL. Returns the wait status.
+  int Stop(absl::Duration grace = absl::Seconds(10));
+
+ private:
+  explicit ChildProcess(pid_t pid) : pid_(pid) {}
+  pid_t pid_ = -1;
+  bool reaped_ = true;
+};
+
+// Polls for a "key=value" line file written atomically by a server (e.g. --ports-file) and returns
+// the value of `key`; DEADLINE_EXCEEDED after `timeout`.
+absl::StatusOr<int> WaitForPort(const std::string& ports_file, const std::string& key,
+                                absl::Duration timeout, ChildProcess* process = nullptr);
+
+}  // namespace hlem::testing
