@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "embedding_shard/client/grpc_transport.h"
+#include "embedding_shard/client/shard_client_metrics.h"
 #include "embedding_shard/service/shard_service.h"
 
 namespace hlem::shard {
@@ -76,6 +77,13 @@ absl::StatusOr<std::unique_ptr<ShardClient>> ConnectShardClient(const ShardClien
 
   ShardClientOptions options = ClientOptionsFor(setup.cluster);
   options.probe_interval = setup.probe_interval;
+  std::shared_ptr<ShardClientMetrics> metrics;
+  if (setup.metrics != nullptr) {
+    metrics = std::make_shared<ShardClientMetrics>(
+        *setup.metrics, setup.transport == ClientTransport::kUcx ? "ucx" : "grpc");
+    options.observer = metrics;
+    for (uint32_t s = 0; s < addresses.size(); ++s) metrics->OnServerHealth(s, true);
+  }
   std::unique_ptr<ShardTransport> transport;
   if (setup.transport == ClientTransport::kGrpc) {
     transport = std::make_unique<GrpcShardTransport>(addresses);
@@ -85,6 +93,11 @@ absl::StatusOr<std::unique_ptr<ShardClient>> ConnectShardClient(const ShardClien
     ucx.mode = setup.ucx_mode;
     ucx.num_servers = setup.cluster.map.num_shards;
     ucx.map = setup.cluster.map;
+    if (metrics) {
+      ucx.on_connected = [metrics](uint32_t s, const std::vector<std::string>& transports) {
+        metrics->SetEndpointTransports(s, transports);
+      };
+    }
     auto fetch = [grpc, &clock](uint32_t s) -> absl::StatusOr<RdmaServerInfo> {
       grpc::ClientContext context;
       SetDeadline(context, clock.Now() + absl::Seconds(5));

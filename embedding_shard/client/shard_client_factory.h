@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/clock.h"
+#include "common/metrics.h"
 #include "embedding_shard/core/shard_client.h"
 #include "embedding_shard/core/shard_config.h"
 #include "embedding_shard/transport/ucx_client.h"
@@ -26,6 +27,7 @@ struct ShardClientSetup {
   UcxReadMode ucx_mode = UcxReadMode::kAuto;
   absl::Duration connect_timeout = absl::Seconds(10);
   absl::Duration probe_interval = absl::Milliseconds(500);
+  MetricsRegistry* metrics = nullptr;  // optional: export hlem_shard_client_* here
 };
 
 // FAILED_PRECONDITION when a server's shard map or tables differ from the config; a server that

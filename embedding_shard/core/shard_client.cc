@@ -95,16 +95,24 @@ void ShardClient::ProbeAll() {
       continue;
     }
     if (was_down && transport_->Reconnect(s).ok()) {
-      absl::MutexLock lock(&mu_);
-      down_[s] = false;
+      {
+        absl::MutexLock lock(&mu_);
+        down_[s] = false;
+      }
+      if (options_.observer) options_.observer->OnServerHealth(s, true);
     }
   }
 }
 
 void ShardClient::MarkDown(uint32_t server) {
-  absl::MutexLock lock(&mu_);
-  if (!down_[server]) ++counters_.server_failures;
-  down_[server] = true;
+  bool changed;
+  {
+    absl::MutexLock lock(&mu_);
+    changed = !down_[server];
+    if (changed) ++counters_.server_failures;
+    down_[server] = true;
+  }
+  if (changed && options_.observer) options_.observer->OnServerHealth(server, false);
 }
 
 bool ShardClient::IsHealthy(uint32_t server) const {
@@ -141,6 +149,17 @@ absl::Status ShardClient::Fetch(uint32_t table_id, std::span<const uint64_t> row
 }
 
 absl::Status ShardClient::FetchInto(uint32_t table_id, std::span<const uint64_t> rows,
+                                    std::span<std::byte* const> dst, absl::Time deadline) {
+  if (options_.observer == nullptr) return FetchOnce(table_id, rows, dst, deadline);
+  const absl::Time start = clock_.Now();
+  absl::Status status = FetchOnce(table_id, rows, dst, deadline);
+  const TableSpec* spec = FindTable(table_id);
+  size_t bytes = status.ok() && spec != nullptr ? rows.size() * spec->row_bytes() : 0;
+  options_.observer->OnFetch(rows.size(), bytes, clock_.Now() - start, status.code());
+  return status;
+}
+
+absl::Status ShardClient::FetchOnce(uint32_t table_id, std::span<const uint64_t> rows,
                                     std::span<std::byte* const> dst, absl::Time deadline) {
   const TableSpec* spec = FindTable(table_id);
   if (spec == nullptr) {
@@ -253,8 +272,11 @@ absl::Status ShardClient::FetchInto(uint32_t table_id, std::span<const uint64_t>
     }
   }
   if (failed_over) {
-    absl::MutexLock lock(&mu_);
-    ++counters_.failovers;
+    {
+      absl::MutexLock lock(&mu_);
+      ++counters_.failovers;
+    }
+    if (options_.observer) options_.observer->OnFailover();
   }
   return absl::OkStatus();
 }

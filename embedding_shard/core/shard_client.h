@@ -58,6 +58,18 @@ class ShardTransport {
   virtual absl::Status Reconnect(uint32_t server) = 0;
 };
 
+// Told about every Fetch and every health change (metrics live behind this; see
+// embedding_shard/client/shard_client_metrics.h). Called from the fetching threads and the probe
+// timer: implementations must be thread-safe and cheap.
+class ShardClientObserver {
+ public:
+  virtual ~ShardClientObserver() = default;
+  virtual void OnFetch(size_t rows, size_t bytes, absl::Duration latency,
+                       absl::StatusCode code) = 0;
+  virtual void OnFailover() = 0;
+  virtual void OnServerHealth(uint32_t server, bool healthy) = 0;
+};
+
 struct ShardClientOptions {
   std::vector<TableSpec> tables;
   ShardMapOptions map;
@@ -69,6 +81,7 @@ struct ShardClientOptions {
   // left; the last replica gets the whole deadline). A dead peer over shared memory reports no
   // error, so without this a read would wait for the caller's deadline.
   absl::Duration attempt_timeout = absl::Milliseconds(250);
+  std::shared_ptr<ShardClientObserver> observer;  // optional
 };
 
 class ShardClient {
@@ -104,6 +117,8 @@ class ShardClient {
   ShardClient(const ShardClientOptions& options, ShardMap map,
               std::unique_ptr<ShardTransport> transport, Clock& clock);
   void MarkDown(uint32_t server);
+  absl::Status FetchOnce(uint32_t table_id, std::span<const uint64_t> rows,
+                         std::span<std::byte* const> dst, absl::Time deadline);
   void ScheduleProbe();
 
   const ShardClientOptions options_;

@@ -69,6 +69,26 @@ class FakeTransport final : public ShardTransport {
   ShardMap map_;
 };
 
+class CountingObserver final : public ShardClientObserver {
+ public:
+  void OnFetch(size_t rows, size_t bytes, absl::Duration, absl::StatusCode code) override {
+    ++fetches;
+    if (code == absl::StatusCode::kOk) {
+      this->rows += rows;
+      this->bytes += bytes;
+    } else {
+      ++errors;
+    }
+  }
+  void OnFailover() override { ++failovers; }
+  void OnServerHealth(uint32_t server, bool healthy) override {
+    health.push_back({server, healthy});
+  }
+  int fetches = 0, errors = 0, failovers = 0;
+  size_t rows = 0, bytes = 0;
+  std::vector<std::pair<uint32_t, bool>> health;
+};
+
 class ShardClientTest : public ::testing::Test {
  protected:
   void Build(uint32_t replicas, absl::Duration probe_interval = absl::ZeroDuration()) {
@@ -84,8 +104,12 @@ class ShardClientTest : public ::testing::Test {
     }
     auto transport = std::make_unique<FakeTransport>(std::move(stores));
     fake_ = transport.get();
-    ShardClientOptions c{
-        .tables = o.tables, .map = o.map, .max_batch_rows = 64, .probe_interval = probe_interval};
+    observer_ = std::make_shared<CountingObserver>();
+    ShardClientOptions c{.tables = o.tables,
+                         .map = o.map,
+                         .max_batch_rows = 64,
+                         .probe_interval = probe_interval,
+                         .observer = observer_};
     client_ = *ShardClient::Create(c, std::move(transport), clock_);
     spec_ = o.tables[0];
     seed_ = o.content.seed;
@@ -111,6 +135,7 @@ class ShardClientTest : public ::testing::Test {
   SimClock clock_;
   HeapAllocator heap_;
   FakeTransport* fake_ = nullptr;
+  std::shared_ptr<CountingObserver> observer_;
   std::unique_ptr<ShardClient> client_;
   TableSpec spec_;
   uint64_t seed_ = 0;
@@ -134,6 +159,27 @@ TEST_F(ShardClientTest, FailsOverToReplica) {
   ASSERT_TRUE(FetchAndCheck(10).ok());
   EXPECT_EQ(client_->counters().failovers, 1u);
   EXPECT_GT(fake_->starts, starts);
+}
+
+TEST_F(ShardClientTest, ObserverSeesFetchesFailoversAndHealth) {
+  Build(2);
+  ASSERT_TRUE(FetchAndCheck(100).ok());
+  EXPECT_EQ(observer_->fetches, 1);
+  EXPECT_EQ(observer_->rows, 100u);
+  EXPECT_EQ(observer_->bytes, 100 * spec_.row_bytes());
+  fake_->Set(1, FakeTransport::Mode::kRefuse);
+  ASSERT_TRUE(FetchAndCheck(100).ok());
+  EXPECT_EQ(observer_->failovers, 1);
+  ASSERT_EQ(observer_->health.size(), 1u);
+  EXPECT_EQ(observer_->health[0], std::make_pair(1u, false));
+  std::vector<uint64_t> bad = {5000};
+  std::vector<std::byte> out(spec_.row_bytes());
+  EXPECT_FALSE(client_->Fetch(1, bad, out, clock_.Now() + absl::Seconds(1)).ok());
+  EXPECT_EQ(observer_->errors, 1);
+  fake_->Set(1, FakeTransport::Mode::kUp);
+  client_->ProbeAll();
+  ASSERT_EQ(observer_->health.size(), 2u);
+  EXPECT_EQ(observer_->health[1], std::make_pair(1u, true));
 }
 
 TEST_F(ShardClientTest, HungServerFailsOverToo) {

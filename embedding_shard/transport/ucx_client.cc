@@ -185,6 +185,7 @@ absl::Status UcxShardTransport::ConnectLocked(uint32_t server, const RdmaServerI
   GetLogger("shard_client")
       ->info("ucx_connected shard={} transports={} mapped={}", server,
              absl::StrJoin(s.transports, ","), s.all_mapped);
+  if (options_.on_connected) options_.on_connected(server, s.transports);
   return absl::OkStatus();
 }
 

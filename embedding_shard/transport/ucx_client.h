@@ -38,6 +38,9 @@ class UcxShardTransport final : public ShardTransport {
     UcxReadMode mode = UcxReadMode::kAuto;
     uint32_t num_servers = 1;
     ShardMapOptions map;  // to turn row ids into remote addresses
+    // Called (with the worker lock held: keep it cheap) after each successful (re)connect with
+    // the transports the endpoint's lanes use, so a silent fallback (e.g. to tcp) is visible.
+    std::function<void(uint32_t server, const std::vector<std::string>& transports)> on_connected;
   };
 
   // Connects to every server (fetching its RdmaServerInfo through fetch_info). A server that

@@ -21,6 +21,7 @@
 #include "embedding_shard/client/grpc_transport.h"
 #include "embedding_shard/client/shard_client_factory.h"
 #include "gtest/gtest.h"
+#include "prometheus/text_serializer.h"
 #include "tests/testing/shard_cluster.h"
 
 namespace hlem::shard {
@@ -300,6 +301,29 @@ TEST(ShardIntegrationTest, MetricsShowTrafficByTransport) {
   EXPECT_NE(body.find("hlem_shard_rows_served_total{transport=\"ucx_gather\"}"), std::string::npos);
   EXPECT_NE(body.find("hlem_shard_ucx_transport_info"), std::string::npos);
   EXPECT_NE(body.find("hlem_shard_request_duration_seconds_bucket"), std::string::npos);
+}
+
+TEST(ShardIntegrationTest, ClientMetricsShowTheTransportInUse) {
+  auto cluster = StartCluster("clientmetrics", /*replicas=*/2);
+  ASSERT_NE(cluster, nullptr);
+  MetricsRegistry registry;
+  ShardClientSetup setup;
+  setup.cluster = cluster->config();
+  setup.ucx_mode = UcxReadMode::kGet;
+  setup.metrics = &registry;
+  auto client = ConnectShardClient(setup, RealClock::Get());
+  ASSERT_TRUE(client.ok()) << client.status();
+  uint64_t fetched = 0;
+  EXPECT_EQ(FetchAndVerify(**client, cluster->config(), 3000, 6, &fetched), 0u);
+  std::string text = prometheus::TextSerializer().Serialize(registry.registry()->Collect());
+  EXPECT_NE(text.find("hlem_shard_client_transport_info{shard=\"0\",transport=\"posix/memory\"} 1"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find(absl::StrCat("hlem_shard_client_rows_total{transport=\"ucx\"} ", fetched)),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("hlem_shard_client_server_up{shard=\"1\",transport=\"ucx\"} 1"),
+            std::string::npos);
 }
 
 TEST(ShardIntegrationTest, BadConfigIsFatalAndNamesTheField) {
