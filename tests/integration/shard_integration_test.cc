@@ -326,6 +326,25 @@ TEST(ShardIntegrationTest, ClientMetricsShowTheTransportInUse) {
             std::string::npos);
 }
 
+TEST(ShardIntegrationTest, SigtermStopsCleanlyWithExitZero) {
+  auto cluster = StartCluster("sigterm", /*replicas=*/2);
+  ASSERT_NE(cluster, nullptr);
+  auto client = Connect(*cluster, kVariants[4]);  // grpc
+  ASSERT_NE(client, nullptr);
+  uint64_t fetched = 0;
+  EXPECT_EQ(FetchAndVerify(*client, cluster->config(), 2000, 7, &fetched), 0u);
+  for (size_t s = 0; s < cluster->size(); ++s) {
+    cluster->process(s).Signal(SIGTERM);
+    auto status = cluster->process(s).Wait(absl::Seconds(15));
+    ASSERT_TRUE(status.ok()) << status.status();
+    EXPECT_TRUE(WIFEXITED(*status)) << *status;
+    EXPECT_EQ(WEXITSTATUS(*status), 0);
+    std::ifstream in(cluster->log_path(s));
+    std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(log.find("shutdown_done"), std::string::npos) << log;
+  }
+}
+
 TEST(ShardIntegrationTest, BadConfigIsFatalAndNamesTheField) {
   std::string dir = WorkDir("badconfig");
   std::filesystem::create_directories(dir);
