@@ -21,6 +21,7 @@ struct Group {
   std::vector<uint64_t> rows;
   std::vector<uint64_t> slots;
   std::vector<std::byte*> dst;
+  std::vector<uint32_t> partition_of_row;
   absl::Time deadline;
   absl::Status status;
 };
@@ -170,6 +171,7 @@ absl::Status ShardClient::FetchOnce(uint32_t table_id, std::span<const uint64_t>
     return absl::InvalidArgumentError("FetchInto: one destination per row required");
   }
   const uint32_t num_partitions = map_.num_shards();
+  const TableLayout layout = map_.Layout(*spec);
   std::vector<uint64_t> slots(rows.size());
   std::vector<uint32_t> partition_of(rows.size());
   std::vector<bool> open(num_partitions, false);  // partitions still to read
@@ -179,8 +181,8 @@ absl::Status ShardClient::FetchOnce(uint32_t table_id, std::span<const uint64_t>
                                                 " out of range for table ", table_id, " with ",
                                                 spec->rows, " rows"));
     }
-    slots[i] = map_.SlotOfRow(*spec, rows[i]);
-    partition_of[i] = map_.PartitionOfSlot(*spec, slots[i]);
+    slots[i] = layout.SlotOfRow(rows[i]);
+    partition_of[i] = layout.PartitionOfSlot(slots[i]);
     open[partition_of[i]] = true;
   }
   std::vector<size_t> next_replica(num_partitions, 0);
@@ -219,13 +221,29 @@ absl::Status ShardClient::FetchOnce(uint32_t table_id, std::span<const uint64_t>
       server_of[p] = static_cast<int>(s);
     }
     if (!any_open) break;
-    for (size_t i = 0; i < rows.size(); ++i) {
-      int s = server_of[partition_of[i]];
-      if (s < 0) continue;
-      Group& g = groups[group_of_server[s]];
-      g.rows.push_back(rows[i]);
-      g.slots.push_back(slots[i]);
-      g.dst.push_back(dst[i]);
+    if (groups.size() == 1 && !failed_over) {
+      // First round and one server gets everything (one shard, or full replicas): no regrouping.
+      Group& g = groups[0];
+      g.rows.assign(rows.begin(), rows.end());
+      g.slots = slots;
+      g.dst.assign(dst.begin(), dst.end());
+      g.partition_of_row = partition_of;
+    } else {
+      for (Group& g : groups) {
+        g.rows.reserve(rows.size() / groups.size() + 16);
+        g.slots.reserve(rows.size() / groups.size() + 16);
+        g.dst.reserve(rows.size() / groups.size() + 16);
+        g.partition_of_row.reserve(rows.size() / groups.size() + 16);
+      }
+      for (size_t i = 0; i < rows.size(); ++i) {
+        int s = server_of[partition_of[i]];
+        if (s < 0) continue;
+        Group& g = groups[group_of_server[s]];
+        g.rows.push_back(rows[i]);
+        g.slots.push_back(slots[i]);
+        g.dst.push_back(dst[i]);
+        g.partition_of_row.push_back(partition_of[i]);
+      }
     }
     // Start every group (in chunks of max_batch_rows), then collect. A group whose partitions all
     // have another replica left gets only attempt_timeout.
@@ -242,7 +260,8 @@ absl::Status ShardClient::FetchOnce(uint32_t table_id, std::span<const uint64_t>
         size_t n = std::min<size_t>(options_.max_batch_rows, g.rows.size() - first);
         ReadBatch batch{std::span<const uint64_t>(g.rows).subspan(first, n),
                         std::span<const uint64_t>(g.slots).subspan(first, n),
-                        std::span<std::byte* const>(g.dst).subspan(first, n)};
+                        std::span<std::byte* const>(g.dst).subspan(first, n),
+                        std::span<const uint32_t>(g.partition_of_row).subspan(first, n)};
         auto pending = transport_->Start(g.server, *spec, batch, g.deadline);
         if (pending.ok()) {
           started.emplace_back(&g, std::move(*pending));

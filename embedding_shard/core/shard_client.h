@@ -25,12 +25,13 @@
 
 namespace hlem::shard {
 
-// Rows to read from one server: row ids, their slots (ShardMap::SlotOfRow, computed once by the
-// client) and where each row goes (row_bytes each).
+// Rows to read from one server: row ids, their slots and partitions (computed once by the client
+// from the table's layout) and where each row goes (row_bytes each).
 struct ReadBatch {
   std::span<const uint64_t> rows;
   std::span<const uint64_t> slots;
   std::span<std::byte* const> dst;
+  std::span<const uint32_t> partitions;  // may be empty: the transport then derives them
 };
 
 // One way of reading rows from any of the servers (index = shard index).

@@ -26,7 +26,7 @@ struct UcxOptions {
   // A batch to one server of at least this many rows is read by the server-side gather
   // (one active-message reply) instead of one one-sided get per row. Measured per transport:
   // docs/perf/embedding_shard.md.
-  uint32_t gather_min_rows_shm = 64;
+  uint32_t gather_min_rows_shm = 1 << 24;  // measured: get beat gather at every batch size
   uint32_t gather_min_rows_tcp = 1;
   absl::Duration progress_spin = absl::Microseconds(200);  // busy-poll after activity
   // Peer-failure handling on client endpoints: "peer", "none", or "auto" = none for a server on

@@ -1,5 +1,6 @@
 #include "embedding_shard/core/shard_map.h"
 
+#include <algorithm>
 #include <bit>
 
 #include "absl/strings/str_cat.h"
@@ -24,55 +25,64 @@ absl::StatusOr<ShardMap> ShardMap::Create(const ShardMapOptions& options) {
   return ShardMap(options);
 }
 
+TableLayout ShardMap::Layout(const TableSpec& spec) const {
+  TableLayout layout;
+  layout.hash_ = options_.partitioning == Partitioning::kHash && spec.rows > 1;
+  layout.rows_ = spec.rows;
+  layout.slots_per_partition_ =
+      std::max<uint64_t>(1, (spec.rows + options_.num_shards - 1) / options_.num_shards);
+  if (layout.hash_) {
+    const int bits = std::bit_width(spec.rows - 1);
+    layout.half_bits_ = (bits + 1) / 2;
+    layout.mask_ = (uint64_t{1} << layout.half_bits_) - 1;
+    const uint64_t base = KeyedHash(options_.hash_seed, spec.id);
+    for (int i = 0; i < TableLayout::kRounds; ++i) {
+      layout.keys_[i] = base + (i + 1) * 0x9e3779b97f4a7c15ULL;
+    }
+  }
+  return layout;
+}
+
 // A balanced Feistel network over 2h bits (4^h >= rows) with cycle walking: a keyed bijection on
 // [0, rows) whose inverse is as cheap as the forward direction. Each walk step leaves the domain
 // with probability < 3/4, so the expected number of steps is below 4.
-uint64_t ShardMap::Permute(const TableSpec& spec, uint64_t x, bool inverse) const {
-  const uint64_t n = spec.rows;
-  if (n <= 1) return x;
-  const int bits = std::bit_width(n - 1);
-  const int half = (bits + 1) / 2;
-  const uint64_t mask = (uint64_t{1} << half) - 1;
-  constexpr int kRounds = 4;
-  uint64_t keys[kRounds];
-  const uint64_t base = KeyedHash(options_.hash_seed, spec.id);
-  for (int i = 0; i < kRounds; ++i) keys[i] = base + (i + 1) * 0x9e3779b97f4a7c15ULL;
+uint64_t TableLayout::Permute(uint64_t x, bool inverse) const {
   do {
-    uint64_t l = x >> half, r = x & mask;
+    uint64_t l = x >> half_bits_, r = x & mask_;
     if (!inverse) {
       for (int i = 0; i < kRounds; ++i) {
-        uint64_t f = Mix64(r ^ keys[i]) & mask;
+        uint64_t f = Mix64(r ^ keys_[i]) & mask_;
         uint64_t nl = r;
         r = l ^ f;
         l = nl;
       }
     } else {
       for (int i = kRounds - 1; i >= 0; --i) {
-        uint64_t f = Mix64(l ^ keys[i]) & mask;
+        uint64_t f = Mix64(l ^ keys_[i]) & mask_;
         uint64_t nr = l;
         l = r ^ f;
         r = nr;
       }
     }
-    x = (l << half) | r;
-  } while (x >= n);
+    x = (l << half_bits_) | r;
+  } while (x >= rows_);
   return x;
 }
 
 uint64_t ShardMap::SlotOfRow(const TableSpec& spec, uint64_t row) const {
-  return options_.partitioning == Partitioning::kRange ? row : Permute(spec, row, false);
+  return Layout(spec).SlotOfRow(row);
 }
 
 uint64_t ShardMap::RowOfSlot(const TableSpec& spec, uint64_t slot) const {
-  return options_.partitioning == Partitioning::kRange ? slot : Permute(spec, slot, true);
+  return Layout(spec).RowOfSlot(slot);
 }
 
 uint64_t ShardMap::SlotsPerPartition(const TableSpec& spec) const {
-  return (spec.rows + options_.num_shards - 1) / options_.num_shards;
+  return Layout(spec).slots_per_partition();
 }
 
 uint32_t ShardMap::PartitionOfSlot(const TableSpec& spec, uint64_t slot) const {
-  return static_cast<uint32_t>(slot / SlotsPerPartition(spec));
+  return Layout(spec).PartitionOfSlot(slot);
 }
 
 SlotRange ShardMap::PartitionSlots(const TableSpec& spec, uint32_t partition) const {

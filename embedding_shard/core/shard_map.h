@@ -35,6 +35,29 @@ struct SlotRange {
   uint64_t count = 0;
 };
 
+// The placement constants of one table, computed once so the per-row work on hot paths is a few
+// multiplies (hash) and one division. Cheap to copy.
+class TableLayout {
+ public:
+  uint64_t SlotOfRow(uint64_t row) const { return hash_ ? Permute(row, false) : row; }
+  uint64_t RowOfSlot(uint64_t slot) const { return hash_ ? Permute(slot, true) : slot; }
+  uint32_t PartitionOfSlot(uint64_t slot) const {
+    return static_cast<uint32_t>(slot / slots_per_partition_);
+  }
+  uint64_t slots_per_partition() const { return slots_per_partition_; }
+
+ private:
+  friend class ShardMap;
+  static constexpr int kRounds = 4;
+  uint64_t Permute(uint64_t x, bool inverse) const;
+  bool hash_ = false;
+  uint64_t rows_ = 0;
+  uint64_t slots_per_partition_ = 1;
+  int half_bits_ = 0;
+  uint64_t mask_ = 0;
+  uint64_t keys_[kRounds] = {};
+};
+
 class ShardMap {
  public:
   static absl::StatusOr<ShardMap> Create(const ShardMapOptions& options);
@@ -42,7 +65,10 @@ class ShardMap {
   const ShardMapOptions& options() const { return options_; }
   uint32_t num_shards() const { return options_.num_shards; }
 
-  // Row <-> slot (a bijection on [0, spec.rows)).
+  TableLayout Layout(const TableSpec& spec) const;
+
+  // Row <-> slot (a bijection on [0, spec.rows)). Each call derives the table's layout; loops
+  // over many rows should use Layout().
   uint64_t SlotOfRow(const TableSpec& spec, uint64_t row) const;
   uint64_t RowOfSlot(const TableSpec& spec, uint64_t slot) const;
 
@@ -57,7 +83,6 @@ class ShardMap {
 
  private:
   explicit ShardMap(const ShardMapOptions& options) : options_(options) {}
-  uint64_t Permute(const TableSpec& spec, uint64_t x, bool inverse) const;
   ShardMapOptions options_;
 };
 

@@ -26,10 +26,6 @@ class HeapRegion final : public Region {
   size_t size_;
 };
 
-uint64_t SegmentKey(uint32_t table_id, uint32_t partition) {
-  return (uint64_t{table_id} << 32) | partition;
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Region>> HeapAllocator::Allocate(size_t bytes) {
@@ -61,17 +57,23 @@ absl::StatusOr<std::unique_ptr<ShardStore>> ShardStore::Create(const ShardStoreO
       segment.slots = store->map_.PartitionSlots(spec, partition);
       segment.row_bytes = spec.row_bytes();
       ASSIGN_OR_RETURN(segment.region, allocator.Allocate(segment.slots.count * spec.row_bytes()));
-      store->segment_index_[SegmentKey(spec.id, partition)] = store->segments_.size();
       store->segments_.push_back(std::move(segment));
     }
+  }
+  // segments_ is complete: pointers into it stay valid from here on.
+  store->segment_of_partition_.assign(options.tables.size(),
+                                      std::vector<const Segment*>(store->map_.num_shards()));
+  for (const Segment& segment : store->segments_) {
+    size_t t = store->table_index_[segment.table_id];
+    store->segment_of_partition_[t][segment.partition] = &segment;
   }
   if (options.content.kind == ContentSource::Kind::kGenerated) {
     for (Segment& segment : store->segments_) {
       const TableSpec& spec = *store->FindTable(segment.table_id);
+      const TableLayout layout = store->map_.Layout(spec);
       for (uint64_t i = 0; i < segment.slots.count; ++i) {
         uint64_t slot = segment.slots.first + i;
-        GenerateRow(options.content.seed, spec, store->map_.RowOfSlot(spec, slot),
-                    segment.RowAt(slot));
+        GenerateRow(options.content.seed, spec, layout.RowOfSlot(slot), segment.RowAt(slot));
       }
     }
   } else {
@@ -101,10 +103,12 @@ const TableSpec* ShardStore::FindTable(uint32_t table_id) const {
 }
 
 const std::byte* ShardStore::RowPointer(const TableSpec& spec, uint64_t row) const {
-  uint64_t slot = map_.SlotOfRow(spec, row);
-  auto it = segment_index_.find(SegmentKey(spec.id, map_.PartitionOfSlot(spec, slot)));
-  if (it == segment_index_.end()) return nullptr;
-  return segments_[it->second].RowAt(slot);
+  auto t = table_index_.find(spec.id);
+  if (t == table_index_.end()) return nullptr;
+  const TableLayout layout = map_.Layout(spec);
+  uint64_t slot = layout.SlotOfRow(row);
+  const Segment* segment = segment_of_partition_[t->second][layout.PartitionOfSlot(slot)];
+  return segment == nullptr ? nullptr : segment->RowAt(slot);
 }
 
 absl::Status ShardStore::ValidateBatch(uint32_t table_id, std::span<const uint64_t> rows) const {
@@ -137,13 +141,17 @@ absl::Status ShardStore::Visit(uint32_t table_id, std::span<const uint64_t> rows
     return absl::ResourceExhaustedError(absl::StrCat(
         "row_ids: batch of ", rows.size(), " rows over the limit of ", options_.max_batch_rows));
   }
+  const TableLayout layout = map_.Layout(*spec);
+  const std::vector<const Segment*>& segments = segment_of_partition_[table_index_.at(table_id)];
   for (size_t i = 0; i < rows.size(); ++i) {
     if (rows[i] >= spec->rows) {
       return absl::OutOfRangeError(absl::StrCat("row_ids[", i, "] = ", rows[i],
                                                 " out of range for table ", table_id, " with ",
                                                 spec->rows, " rows"));
     }
-    const std::byte* row = RowPointer(*spec, rows[i]);
+    const uint64_t slot = layout.SlotOfRow(rows[i]);
+    const Segment* segment = segments[layout.PartitionOfSlot(slot)];
+    const std::byte* row = segment == nullptr ? nullptr : segment->RowAt(slot);
     if (row == nullptr) {
       return absl::OutOfRangeError(
           absl::StrCat("row_ids[", i, "] = ", rows[i], " of table ", table_id,

@@ -102,8 +102,8 @@ class ShardStore {
   ShardStoreOptions options_;
   ShardMap map_;
   std::vector<Segment> segments_;
-  // (table_id, partition) -> index into segments_.
-  absl::flat_hash_map<uint64_t, size_t> segment_index_;
+  // Per table (same order as options_.tables): partition -> segment, null when not held here.
+  std::vector<std::vector<const Segment*>> segment_of_partition_;
   absl::flat_hash_map<uint32_t, size_t> table_index_;
 };
 

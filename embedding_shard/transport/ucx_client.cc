@@ -258,18 +258,34 @@ void UcxShardTransport::OnOpDone(void* request, ucs_status_t status, void* user_
   ucp_request_free(request);
 }
 
-const UcxShardTransport::Region* UcxShardTransport::Locate(const Server& s, const TableSpec& spec,
-                                                           uint64_t slot,
-                                                           uint64_t* remote_address) const {
-  auto it = s.region_index.find(RegionKey(spec.id, map_.PartitionOfSlot(spec, slot)));
-  if (it == s.region_index.end()) return nullptr;
-  const Region& r = s.regions[it->second];
-  *remote_address = r.info.base_address + (slot - r.info.first_slot) * r.info.stride_bytes;
-  return &r;
+std::vector<const UcxShardTransport::Region*> UcxShardTransport::RegionsOf(
+    const Server& s, const TableSpec& spec) const {
+  std::vector<const Region*> regions(map_.num_shards(), nullptr);
+  for (uint32_t p = 0; p < regions.size(); ++p) {
+    auto it = s.region_index.find(RegionKey(spec.id, p));
+    if (it != s.region_index.end()) regions[p] = &s.regions[it->second];
+  }
+  return regions;
+}
+
+std::span<const uint32_t> UcxShardTransport::PartitionsOf(const TableSpec& spec,
+                                                          const ReadBatch& batch,
+                                                          std::vector<uint32_t>* scratch) const {
+  if (batch.partitions.size() == batch.rows.size()) return batch.partitions;
+  const TableLayout layout = map_.Layout(spec);
+  scratch->resize(batch.rows.size());
+  for (size_t i = 0; i < batch.rows.size(); ++i) {
+    (*scratch)[i] = layout.PartitionOfSlot(batch.slots[i]);
+  }
+  return *scratch;
 }
 
 UcxReadMode UcxShardTransport::ModeFor(uint32_t server, size_t rows) const {
   absl::MutexLock lock(&mu_);
+  return ModeForLocked(server, rows);
+}
+
+UcxReadMode UcxShardTransport::ModeForLocked(uint32_t server, size_t rows) const {
   const Server& s = servers_[server];
   if (options_.mode != UcxReadMode::kAuto) return options_.mode;
   if (s.all_mapped) return UcxReadMode::kMapped;
@@ -281,14 +297,18 @@ absl::Status UcxShardTransport::ReadMapped(uint32_t server, const TableSpec& spe
                                            const ReadBatch& batch) {
   const Server& s = servers_[server];
   const size_t row_bytes = spec.row_bytes();
+  const std::vector<const Region*> regions = RegionsOf(s, spec);
+  std::vector<uint32_t> scratch;
+  const std::span<const uint32_t> partitions = PartitionsOf(spec, batch, &scratch);
   for (size_t i = 0; i < batch.rows.size(); ++i) {
-    uint64_t remote = 0;
-    const Region* r = Locate(s, spec, batch.slots[i], &remote);
+    const Region* r = regions[partitions[i]];
     if (r == nullptr || r->mapped == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("row ", batch.rows[i], " of table ", spec.id,
                                                      " is not mapped from shard ", server));
     }
-    std::memcpy(batch.dst[i], r->mapped + (remote - r->info.base_address), row_bytes);
+    std::memcpy(batch.dst[i],
+                r->mapped + (batch.slots[i] - r->info.first_slot) * r->info.stride_bytes,
+                row_bytes);
   }
   return absl::OkStatus();
 }
@@ -297,10 +317,16 @@ absl::StatusOr<uint64_t> UcxShardTransport::StartGetsLocked(uint32_t server, con
                                                             const ReadBatch& batch) {
   Server& s = servers_[server];
   const size_t row_bytes = spec.row_bytes();
+  const std::vector<const Region*> regions = RegionsOf(s, spec);
+  std::vector<uint32_t> scratch;
+  const std::span<const uint32_t> partitions = PartitionsOf(spec, batch, &scratch);
   ucp_request_param_t param{};
   for (size_t i = 0; i < batch.rows.size(); ++i) {
-    uint64_t remote = 0;
-    const Region* r = Locate(s, spec, batch.slots[i], &remote);
+    const Region* r = regions[partitions[i]];
+    const uint64_t remote =
+        r == nullptr
+            ? 0
+            : r->info.base_address + (batch.slots[i] - r->info.first_slot) * r->info.stride_bytes;
     if (r == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("row ", batch.rows[i], " of table ", spec.id,
                                                      " is not held by shard ", server));
@@ -396,16 +422,17 @@ ucs_status_t UcxShardTransport::OnGatherReply(void* arg, const void* header, siz
   struct RecvCtx {
     UcxShardTransport* self;
     GatherReplyHeader header;
-    std::vector<std::byte> staging;
+    std::unique_ptr<std::byte[]> staging;  // not zero-filled: the receive overwrites it
+    size_t size;
   };
-  auto* ctx = new RecvCtx{self, reply, std::vector<std::byte>(length)};
+  auto* ctx = new RecvCtx{self, reply, std::unique_ptr<std::byte[]>(new std::byte[length]), length};
   ucp_request_param_t rparam{};
   rparam.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   rparam.user_data = ctx;
   rparam.cb.recv_am = [](void* req, ucs_status_t status, size_t /*len*/, void* user) {
     auto* c = static_cast<RecvCtx*>(user);
     if (status == UCS_OK) {
-      c->self->DeliverGather(c->header, c->staging.data(), c->staging.size());
+      c->self->DeliverGather(c->header, c->staging.get(), c->size);
     } else {
       c->self->FailOp(c->header.request_id, UcsToStatus(status, "gather reply receive"));
     }
@@ -413,9 +440,9 @@ ucs_status_t UcxShardTransport::OnGatherReply(void* arg, const void* header, siz
     ucp_request_free(req);
   };
   void* req =
-      ucp_am_recv_data_nbx(self->worker_->worker(), data, ctx->staging.data(), length, &rparam);
+      ucp_am_recv_data_nbx(self->worker_->worker(), data, ctx->staging.get(), length, &rparam);
   if (req == nullptr) {
-    self->DeliverGather(ctx->header, ctx->staging.data(), ctx->staging.size());
+    self->DeliverGather(ctx->header, ctx->staging.get(), ctx->size);
     delete ctx;
   } else if (UCS_PTR_IS_ERR(req)) {
     self->FailOp(reply.request_id, UcsToStatus(UCS_PTR_STATUS(req), "gather reply receive"));
@@ -429,10 +456,10 @@ ucs_status_t UcxShardTransport::OnGatherReply(void* arg, const void* header, siz
 absl::StatusOr<std::unique_ptr<ShardTransport::Pending>> UcxShardTransport::Start(
     uint32_t server, const TableSpec& spec, const ReadBatch& batch, absl::Time /*deadline*/) {
   if (server >= options_.num_servers) return absl::InvalidArgumentError("no such shard");
-  UcxReadMode mode = ModeFor(server, batch.rows.size());
   auto pending = std::make_unique<UcxPending>();
   pending->server = server;
   absl::MutexLock lock(&mu_);
+  const UcxReadMode mode = ModeForLocked(server, batch.rows.size());
   if (servers_[server].failed || servers_[server].ep == nullptr) {
     return absl::UnavailableError(absl::StrCat("shard ", server, " is not connected"));
   }

@@ -94,11 +94,15 @@ class UcxShardTransport final : public ShardTransport {
   absl::Status ConnectLocked(uint32_t server, const RdmaServerInfo& info)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DisconnectLocked(uint32_t server) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  UcxReadMode ModeForLocked(uint32_t server, size_t rows) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status WaitLocked(void* request, absl::Time deadline, absl::string_view what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The region holding `slot`, and the row's address in it; nullptr if the server lacks it.
-  const Region* Locate(const Server& s, const TableSpec& spec, uint64_t slot,
-                       uint64_t* remote_address) const;
+  // Region of every partition of `spec` on server `s` (null where it holds none), looked up once
+  // per batch so the per-row work is an index and a multiply.
+  std::vector<const Region*> RegionsOf(const Server& s, const TableSpec& spec) const;
+  // The partition of each row of the batch (from the batch, or derived from the layout).
+  std::span<const uint32_t> PartitionsOf(const TableSpec& spec, const ReadBatch& batch,
+                                         std::vector<uint32_t>* scratch) const;
   absl::StatusOr<uint64_t> StartGetsLocked(uint32_t server, const TableSpec& spec,
                                            const ReadBatch& batch)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -34,7 +34,13 @@ class UcxRegion final : public Region {
 // A reply buffer: header and rows in one allocation, freed when UCX completes the send.
 struct ReplyBuffer {
   GatherReplyHeader header;
-  std::vector<std::byte> data;
+  std::unique_ptr<std::byte[]> bytes;  // not zero-filled: every byte is overwritten
+  size_t size = 0;
+  void Resize(size_t n) {
+    bytes.reset(new std::byte[n]);
+    size = n;
+  }
+  std::span<std::byte> data() { return {bytes.get(), size}; }
 };
 
 void FreeReply(void* request, ucs_status_t /*status*/, void* user_data) {
@@ -49,7 +55,7 @@ void SendReply(ucp_ep_h reply_ep, ReplyBuffer* reply) {
   param.user_data = reply;
   ucs_status_ptr_t req =
       ucp_am_send_nbx(reply_ep, kGatherReplyAm, &reply->header, sizeof(reply->header),
-                      reply->data.data(), reply->data.size(), &param);
+                      reply->bytes.get(), reply->size, &param);
   if (req == nullptr) {
     delete reply;  // completed in place: the callback is not called
   } else if (UCS_PTR_IS_ERR(req)) {
@@ -239,11 +245,11 @@ void UcxShardServer::ServeGather(const GatherRequestHeader& request, const uint6
   if (spec == nullptr) {
     status = store_->ValidateBatch(request.table_id, ids);  // names the unknown table
   } else {
-    reply->data.resize(ids.size() * spec->row_bytes());
-    status = store_->Gather(request.table_id, ids, reply->data);
+    reply->Resize(ids.size() * spec->row_bytes());
+    status = store_->Gather(request.table_id, ids, reply->data());
   }
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (observer_) observer_(ids.size(), reply->data.size(), seconds, status.code());
+  if (observer_) observer_(ids.size(), reply->size, seconds, status.code());
   if (!status.ok()) {
     delete reply;
     SendError(request.request_id, status, reply_ep);
@@ -260,8 +266,8 @@ void UcxShardServer::SendError(uint64_t request_id, const absl::Status& status, 
   reply->header.request_id = request_id;
   reply->header.code = static_cast<int32_t>(status.code());
   absl::string_view msg = status.message();
-  reply->data.assign(reinterpret_cast<const std::byte*>(msg.data()),
-                     reinterpret_cast<const std::byte*>(msg.data()) + msg.size());
+  reply->Resize(msg.size());
+  std::memcpy(reply->bytes.get(), msg.data(), msg.size());
   SendReply(reply_ep, reply);
 }
 

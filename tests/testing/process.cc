@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -31,6 +32,9 @@ absl::StatusOr<ChildProcess> ChildProcess::Start(const std::vector<std::string>&
     sigset_t all;
     sigfillset(&all);
     sigprocmask(SIG_UNBLOCK, &all, nullptr);
+    // Die with the parent (e.g. a test killed by a ctest timeout): no orphan servers holding GiBs.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() == 1) _exit(127);
     dup2(log, STDOUT_FILENO);
     dup2(log, STDERR_FILENO);
     execv(args[0], args.data());
