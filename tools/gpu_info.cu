@@ -42,9 +42,8 @@ int main() {
     cudaGetDeviceProperties(&p, i);
     bool ok = RunKernel(i);
     failed += ok ? 0 : 1;
-    std::printf("device %d: %s sm_%d%d, %.1f GiB, %d SMs, kernel %s\n", i, p.name, p.major,
-                p.minor, p.totalGlobalMem / 1073741824.0, p.multiProcessorCount,
-                ok ? "ok" : "FAILED");
+    std::printf("device %d: %s sm_%d%d, %.1f GiB, %d SMs, kernel %s\n", i, p.name, p.major, p.minor,
+                p.totalGlobalMem / 1073741824.0, p.multiProcessorCount, ok ? "ok" : "FAILED");
   }
   return failed == 0 ? 0 : 1;
 }
