@@ -1,0 +1,509 @@
+#include "serving_node/core/emb_cache.h"
+
+#include <algorithm>
+#include <array>
+#include <tuple>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "common/rng.h"
+
+namespace hlem::serving {
+
+inline constexpr uint32_t kNotOpen = UINT32_MAX;
+
+struct EmbCache::SizeClass {
+  uint32_t row_bytes = 0;
+  uint32_t slots_per_page = 0;
+  uint32_t pages = 0;
+  std::vector<PageId> open;  // held pages with never-used slots
+  std::unique_ptr<EmbReplacementPolicy> policy;
+};
+
+struct EmbCache::PageMeta {
+  int32_t cls = -1;   // size class holding the page; -1 when the cache does not hold it
+  uint32_t used = 0;  // slots handed out so far (slots [0, used) hold live entries)
+  uint32_t live = 0;
+  uint32_t held_pos = 0;
+  uint32_t open_pos = kNotOpen;
+  uint32_t heat = 0;  // accesses, halved every heat epoch (applied lazily)
+  uint32_t heat_epoch = 0;
+  uint64_t last_access = 0;
+  ShardCounts shards;  // live entries per (table, residency shard)
+};
+
+absl::StatusOr<std::unique_ptr<EmbCache>> EmbCache::Create(const EmbCacheOptions& options,
+                                                           HbmPool& pool, Clock& clock) {
+  if (options.tables.empty()) return absl::InvalidArgumentError("emb_cache.tables: empty");
+  absl::flat_hash_set<uint32_t> ids;
+  for (const EmbTableSpec& t : options.tables) {
+    if (!ids.insert(t.table_id).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("emb_cache.tables: table_id ", t.table_id, " appears twice"));
+    }
+    if (t.row_bytes == 0 || t.row_bytes > pool.page_bytes()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("emb_cache.tables[", t.table_id, "].row_bytes: ", t.row_bytes,
+                       " must be in 1 .. page_bytes (", pool.page_bytes(), ")"));
+    }
+  }
+  if (options.residency_shard_rows == 0) {
+    return absl::InvalidArgumentError("emb_cache.residency_shard_rows: must be positive");
+  }
+  return std::unique_ptr<EmbCache>(new EmbCache(options, pool, clock));
+}
+
+EmbCache::EmbCache(const EmbCacheOptions& options, HbmPool& pool, Clock& clock)
+    : pool_(pool),
+      clock_(clock),
+      policy_kind_(options.policy),
+      residency_shard_rows_(options.residency_shard_rows),
+      pages_(pool.num_pages()),
+      store_(std::make_unique<EmbEntryStore>()),
+      budget_pages_(options.budget_pages) {
+  store_->page_gen.assign(pool.num_pages(), 0);
+  for (const EmbTableSpec& t : options.tables) {
+    uint32_t cls = 0;
+    while (cls < classes_.size() && classes_[cls].row_bytes != t.row_bytes) ++cls;
+    if (cls == classes_.size()) {
+      SizeClass c;
+      c.row_bytes = t.row_bytes;
+      c.slots_per_page = static_cast<uint32_t>(pool.page_bytes() / t.row_bytes);
+      c.policy = MakeEmbReplacementPolicy(options.policy, *store_, pool.num_pages(),
+                                          uint64_t{pool.num_pages()} * c.slots_per_page,
+                                          options.sketch_width);
+      classes_.push_back(std::move(c));
+    }
+    table_class_[t.table_id] = cls;
+  }
+}
+
+EmbCache::~EmbCache() {
+  absl::MutexLock lock(&mu_);
+  for (PageId p : held_) pool_.FreePage(p);
+}
+
+absl::Status EmbCache::Lookup(uint32_t table_id, std::span<const uint64_t> rows,
+                              EmbLookupResult* out) {
+  absl::MutexLock lock(&mu_);
+  auto cit = table_class_.find(table_id);
+  if (cit == table_class_.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("EmbCache::Lookup: unknown table ", table_id));
+  }
+  SizeClass& c = classes_[cit->second];
+  const bool record = policy_kind_ == EmbPolicy::kTinyLfu;
+  out->offsets.resize(rows.size());
+  out->miss_positions.clear();
+  out->hits = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (record) c.policy->RecordAccess(EmbKeyHash(table_id, rows[i]));
+    auto it = index_.find(Key{table_id, rows[i]});
+    if (it != index_.end()) {
+      EntryId e = it->second;
+      if (!store_->IsStale(e)) {
+        const EmbEntry& x = store_->entries[e];
+        out->offsets[i] = SlotOffset(x.page, x.slot, c.row_bytes);
+        if (!x.detached) {
+          c.policy->Touch(e);
+          FlushStaleFoundLocked();
+        }
+        TouchPageLocked(x.page);
+        ++out->hits;
+        continue;
+      }
+      DropStaleLocked(e);
+    }
+    out->offsets[i] = kEmbMiss;
+    out->miss_positions.push_back(static_cast<uint32_t>(i));
+  }
+  stats_.lookups += rows.size();
+  stats_.hits += out->hits;
+  stats_.misses += rows.size() - out->hits;
+  UpkeepLocked();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> EmbCache::Insert(uint32_t table_id, uint64_t row) {
+  absl::MutexLock lock(&mu_);
+  auto cit = table_class_.find(table_id);
+  if (cit == table_class_.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("EmbCache::Insert: unknown table ", table_id));
+  }
+  absl::StatusOr<uint64_t> offset = InsertLocked(cit->second, table_id, row, /*detach=*/false);
+  UpkeepLocked();
+  return offset;
+}
+
+absl::Status EmbCache::InsertBatch(uint32_t table_id, std::span<const uint64_t> rows,
+                                   std::vector<uint64_t>* offsets) {
+  absl::MutexLock lock(&mu_);
+  offsets->clear();
+  auto cit = table_class_.find(table_id);
+  if (cit == table_class_.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("EmbCache::InsertBatch: unknown table ", table_id));
+  }
+  // Rows of this batch leave the policy lists until the batch is done, so none is a victim.
+  scratch_.clear();
+  absl::Status status;
+  for (uint64_t row : rows) {
+    absl::StatusOr<uint64_t> offset = InsertLocked(cit->second, table_id, row, /*detach=*/true);
+    if (!offset.ok()) {
+      status = offset.status();
+      break;
+    }
+    offsets->push_back(*offset);
+  }
+  EmbReplacementPolicy& policy = *classes_[cit->second].policy;
+  for (EntryId e : scratch_) {
+    store_->entries[e].detached = false;
+    policy.Attach(e);
+  }
+  scratch_.clear();
+  UpkeepLocked();
+  return status;
+}
+
+absl::StatusOr<uint64_t> EmbCache::InsertLocked(uint32_t cls, uint32_t table_id, uint64_t row,
+                                                bool detach) {
+  SizeClass& c = classes_[cls];
+  const Key key{table_id, row};
+  if (auto it = index_.find(key); it != index_.end()) {
+    EntryId e = it->second;
+    if (!store_->IsStale(e)) {
+      EmbEntry& x = store_->entries[e];
+      if (!x.detached) {
+        c.policy->Touch(e);
+        FlushStaleFoundLocked();
+        if (detach) {
+          c.policy->Detach(e);
+          x.detached = true;
+          scratch_.push_back(e);
+        }
+      }
+      TouchPageLocked(x.page);
+      return SlotOffset(x.page, x.slot, c.row_bytes);
+    }
+    DropStaleLocked(e);
+  }
+  PageId page = kNoPage;
+  uint32_t slot = 0;
+  if (absl::Status st = TakeSlotLocked(cls, &page, &slot); !st.ok()) {
+    ++stats_.insert_exhausted;
+    return st;
+  }
+  EntryId e = store_->Alloc();
+  EmbEntry& x = store_->entries[e];
+  x.row = row;
+  x.table_id = table_id;
+  x.page = page;
+  x.slot = slot;
+  x.gen = store_->page_gen[page];
+  x.cls = static_cast<uint16_t>(cls);
+  index_[key] = e;
+  c.policy->Insert(e);
+  FlushStaleFoundLocked();
+  if (detach) {
+    c.policy->Detach(e);
+    x.detached = true;
+    scratch_.push_back(e);
+  }
+  PageMeta& pm = pages_[page];
+  ++pm.live;
+  const Key shard = ShardKey(table_id, row);
+  ++pm.shards[shard];
+  ++resident_[shard];
+  ++live_entries_;
+  ++stats_.inserts;
+  TouchPageLocked(page);
+  return SlotOffset(page, slot, c.row_bytes);
+}
+
+absl::Status EmbCache::TakeSlotLocked(uint32_t cls, PageId* page, uint32_t* slot) {
+  SizeClass& c = classes_[cls];
+  if (c.open.empty() && held_.size() < budget_pages_) {
+    absl::StatusOr<PageId> p = pool_.AllocPage(PageOwner::kEmb);
+    if (p.ok()) {
+      PageMeta& pm = pages_[*p];
+      pm = PageMeta();
+      pm.cls = static_cast<int32_t>(cls);
+      pm.held_pos = static_cast<uint32_t>(held_.size());
+      held_.push_back(*p);
+      pm.open_pos = static_cast<uint32_t>(c.open.size());
+      c.open.push_back(*p);
+      pm.heat_epoch = heat_epoch_;
+      pm.last_access = ticks_;
+      ++c.pages;
+      c.policy->SetCapacity(uint64_t{c.pages} * c.slots_per_page);
+    }
+  }
+  if (!c.open.empty()) {
+    *page = c.open.back();
+    PageMeta& pm = pages_[*page];
+    *slot = pm.used++;
+    if (pm.used == c.slots_per_page) {
+      c.open.pop_back();
+      pm.open_pos = kNotOpen;
+    }
+    return absl::OkStatus();
+  }
+  EntryId victim = c.policy->Victim();
+  FlushStaleFoundLocked();
+  if (victim == kNil) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "EmbCache: no slot for rows of ", c.row_bytes, " bytes (budget ", budget_pages_, " pages, ",
+        held_.size(), " held, ", c.pages, " of this size)"));
+  }
+  *page = store_->entries[victim].page;
+  *slot = store_->entries[victim].slot;
+  EvictLocked(victim);
+  return absl::OkStatus();
+}
+
+void EmbCache::EvictLocked(EntryId e) {
+  EmbEntry& x = store_->entries[e];
+  classes_[x.cls].policy->Remove(e);
+  index_.erase(Key{x.table_id, x.row});
+  PageMeta& pm = pages_[x.page];
+  --pm.live;
+  const Key shard = ShardKey(x.table_id, x.row);
+  if (auto it = pm.shards.find(shard); --it->second == 0) pm.shards.erase(it);
+  if (auto it = resident_.find(shard); --it->second == 0) resident_.erase(it);
+  --live_entries_;
+  ++stats_.evictions;
+  store_->Release(e);
+}
+
+void EmbCache::DropStaleLocked(EntryId e) {
+  classes_[store_->entries[e].cls].policy->RemoveStale(e);
+  ForgetStaleLocked(e);
+}
+
+void EmbCache::ForgetStaleLocked(EntryId e) {
+  const EmbEntry& x = store_->entries[e];
+  index_.erase(Key{x.table_id, x.row});
+  --stale_entries_;
+  ++stats_.stale_dropped;
+  store_->Release(e);
+}
+
+void EmbCache::FlushStaleFoundLocked() {
+  if (store_->stale_found.empty()) return;
+  scratch_stale_.swap(store_->stale_found);
+  for (EntryId e : scratch_stale_) ForgetStaleLocked(e);
+  scratch_stale_.clear();
+}
+
+void EmbCache::TouchPageLocked(PageId page) {
+  ++ticks_;
+  if (++epoch_ticks_ > std::max<uint64_t>(1024, live_entries_)) {
+    ++heat_epoch_;
+    epoch_ticks_ = 0;
+  }
+  PageMeta& pm = pages_[page];
+  uint32_t heat = PageHeatLocked(pm);
+  pm.heat = heat == UINT32_MAX ? heat : heat + 1;
+  pm.heat_epoch = heat_epoch_;
+  pm.last_access = ticks_;
+}
+
+uint32_t EmbCache::PageHeatLocked(const PageMeta& pm) const {
+  uint32_t age = heat_epoch_ - pm.heat_epoch;
+  return age >= 32 ? 0 : pm.heat >> age;
+}
+
+void EmbCache::DropPageLocked(PageId page) {
+  PageMeta& pm = pages_[page];
+  SizeClass& c = classes_[pm.cls];
+  ++store_->page_gen[page];  // every entry on the page is stale from here on
+  c.policy->DropPage(page);
+  stale_entries_ += pm.live;
+  live_entries_ -= pm.live;
+  stats_.shrunk_entries += pm.live;
+  ++stats_.shrunk_pages;
+  if (!pm.shards.empty()) pending_.push_back(std::move(pm.shards));
+  if (pm.open_pos != kNotOpen) {
+    PageId last = c.open.back();
+    c.open[pm.open_pos] = last;
+    pages_[last].open_pos = pm.open_pos;
+    c.open.pop_back();
+  }
+  PageId last = held_.back();
+  held_[pm.held_pos] = last;
+  pages_[last].held_pos = pm.held_pos;
+  held_.pop_back();
+  --c.pages;
+  c.policy->SetCapacity(uint64_t{c.pages} * c.slots_per_page);
+  pm = PageMeta();
+  pool_.FreePage(page);
+}
+
+uint32_t EmbCache::ShrinkLocked(uint32_t n_pages, std::vector<PageId>* freed) {
+  const uint32_t n = std::min<uint32_t>(n_pages, static_cast<uint32_t>(held_.size()));
+  if (n == 0) return 0;
+  std::vector<std::tuple<uint32_t, uint64_t, PageId>> order;
+  order.reserve(held_.size());
+  for (PageId p : held_) order.emplace_back(PageHeatLocked(pages_[p]), pages_[p].last_access, p);
+  if (n < order.size()) std::nth_element(order.begin(), order.begin() + n, order.end());
+  for (uint32_t i = 0; i < n; ++i) {
+    PageId p = std::get<2>(order[i]);
+    DropPageLocked(p);
+    if (freed != nullptr) freed->push_back(p);
+  }
+  budget_pages_ -= std::min(budget_pages_, n);
+  return n;
+}
+
+uint32_t EmbCache::Shrink(uint32_t n_pages, std::vector<PageId>* freed) {
+  absl::MutexLock lock(&mu_);
+  return ShrinkLocked(n_pages, freed);
+}
+
+void EmbCache::SetBudgetPages(uint32_t pages, std::vector<PageId>* freed) {
+  absl::MutexLock lock(&mu_);
+  if (held_.size() > pages) ShrinkLocked(static_cast<uint32_t>(held_.size()) - pages, freed);
+  budget_pages_ = pages;
+}
+
+uint32_t EmbCache::budget_pages() const {
+  absl::MutexLock lock(&mu_);
+  return budget_pages_;
+}
+
+void EmbCache::UpkeepLocked() {
+  // A few steps per call keep stale entries and pending counts bounded by the work that made them.
+  if (stale_entries_ > 0 && !store_->entries.empty()) {
+    for (int i = 0; i < 4; ++i) {
+      if (sweep_pos_ >= store_->entries.size()) sweep_pos_ = 0;
+      EntryId e = sweep_pos_++;
+      if (store_->entries[e].in_use && store_->IsStale(e)) DropStaleLocked(e);
+    }
+  }
+  DrainPendingLocked(2);
+}
+
+void EmbCache::DrainPendingLocked(size_t max_items) {
+  while (max_items > 0 && !pending_.empty()) {
+    ShardCounts& counts = pending_.back();
+    while (max_items > 0 && !counts.empty()) {
+      auto it = counts.begin();
+      auto rit = resident_.find(it->first);
+      rit->second -= it->second;
+      if (rit->second == 0) resident_.erase(rit);
+      counts.erase(it);
+      --max_items;
+    }
+    if (counts.empty()) pending_.pop_back();
+  }
+}
+
+std::optional<uint64_t> EmbCache::Peek(uint32_t table_id, uint64_t row) const {
+  absl::MutexLock lock(&mu_);
+  auto cit = table_class_.find(table_id);
+  if (cit == table_class_.end()) return std::nullopt;
+  auto it = index_.find(Key{table_id, row});
+  if (it == index_.end() || store_->IsStale(it->second)) return std::nullopt;
+  const EmbEntry& x = store_->entries[it->second];
+  return SlotOffset(x.page, x.slot, classes_[cit->second].row_bytes);
+}
+
+uint64_t EmbCache::ResidentRows(uint32_t table_id, uint64_t shard) {
+  absl::MutexLock lock(&mu_);
+  DrainPendingLocked(SIZE_MAX);
+  auto it = resident_.find(Key{table_id, shard});
+  return it == resident_.end() ? 0 : it->second;
+}
+
+EmbCacheStats EmbCache::GetStats() const {
+  absl::MutexLock lock(&mu_);
+  EmbCacheStats s = stats_;
+  s.as_of = clock_.Now();
+  s.pages_held = held_.size();
+  s.bytes_held = held_.size() * pool_.page_bytes();
+  s.entries = live_entries_;
+  s.stale_entries = stale_entries_;
+  s.budget_pages = budget_pages_;
+  return s;
+}
+
+absl::Status EmbCache::CheckInvariants() const {
+  absl::MutexLock lock(&mu_);
+  auto fail = [](auto&&... parts) { return absl::InternalError(absl::StrCat(parts...)); };
+  if (held_.size() > budget_pages_)
+    return fail("holds ", held_.size(), " pages over budget ", budget_pages_);
+  uint64_t class_pages = 0;
+  for (const SizeClass& c : classes_) class_pages += c.pages;
+  if (class_pages != held_.size()) return fail("classes hold ", class_pages, " != ", held_.size());
+  for (size_t i = 0; i < held_.size(); ++i) {
+    const PageMeta& pm = pages_[held_[i]];
+    if (pm.cls < 0 || pm.held_pos != i) return fail("held page ", held_[i], " bad meta");
+    if (pool_.owner(held_[i]) != PageOwner::kEmb) return fail("held page ", held_[i], " not EMB");
+    const SizeClass& c = classes_[pm.cls];
+    bool open = pm.used < c.slots_per_page;
+    if (open != (pm.open_pos != kNotOpen) || (open && c.open[pm.open_pos] != held_[i])) {
+      return fail("page ", held_[i], " open list mismatch");
+    }
+  }
+  uint64_t held_pages_seen = 0;
+  for (const PageMeta& pm : pages_) held_pages_seen += pm.cls >= 0;
+  if (held_pages_seen != held_.size()) return fail("pages marked held != held list");
+
+  uint64_t live = 0, stale = 0, in_use = 0;
+  for (const EmbEntry& x : store_->entries) in_use += x.in_use;
+  if (in_use != index_.size()) return fail(in_use, " entries in use, index has ", index_.size());
+  std::vector<uint32_t> page_live(pages_.size(), 0);
+  ShardCounts shard_count;
+  std::vector<ShardCounts> page_shards(pages_.size());
+  absl::flat_hash_set<uint64_t> slots;
+  for (const auto& [key, e] : index_) {
+    const EmbEntry& x = store_->entries[e];
+    if (!x.in_use || x.table_id != key.table_id || x.row != key.row || x.detached) {
+      return fail("index entry (", key.table_id, ",", key.row, ") -> bad entry ", e);
+    }
+    if (store_->IsStale(e)) {
+      ++stale;
+      continue;
+    }
+    ++live;
+    const PageMeta& pm = pages_[x.page];
+    if (pm.cls != x.cls || x.slot >= pm.used) return fail("entry ", e, " on a bad slot");
+    if (classes_[x.cls].row_bytes != classes_[table_class_.at(x.table_id)].row_bytes) {
+      return fail("entry ", e, " in the wrong size class");
+    }
+    if (!slots.insert((uint64_t{x.page} << 32) | x.slot).second) {
+      return fail("two live entries on page ", x.page, " slot ", x.slot);
+    }
+    ++page_live[x.page];
+    ++shard_count[ShardKey(x.table_id, x.row)];
+    ++page_shards[x.page][ShardKey(x.table_id, x.row)];
+  }
+  if (live != live_entries_ || stale != stale_entries_) {
+    return fail("live/stale ", live, "/", stale, " counted, ", live_entries_, "/", stale_entries_,
+                " kept");
+  }
+  for (size_t p = 0; p < pages_.size(); ++p) {
+    if (pages_[p].live != page_live[p] || pages_[p].used != page_live[p]) {
+      return fail("page ", p, " live ", pages_[p].live, " used ", pages_[p].used, " counted ",
+                  page_live[p]);
+    }
+    if (pages_[p].shards != page_shards[p]) return fail("page ", p, " shard counts differ");
+  }
+  ShardCounts kept = resident_;
+  for (const ShardCounts& counts : pending_) {
+    for (const auto& [k, n] : counts) kept[k] -= n;
+  }
+  for (auto it = kept.begin(); it != kept.end();) {
+    auto cur = it++;
+    if (cur->second == 0) kept.erase(cur);
+  }
+  if (kept != shard_count) return fail("resident-row counters differ from a recount");
+  uint64_t listed = 0;
+  for (const SizeClass& c : classes_) {
+    if (absl::Status st = c.policy->Check(&listed); !st.ok()) return st;
+  }
+  if (listed != in_use) return fail(listed, " entries in policy lists, ", in_use, " in use");
+  return absl::OkStatus();
+}
+
+}  // namespace hlem::serving

@@ -1,0 +1,232 @@
+#pragma once
+// The serving node's embedding cache (ARCHITECTURE §4, §7): fixed-size row slots laid over EMB
+// pages of the HbmPool, an index (table_id, row) -> slot, and a replacement policy.
+//
+// Layout. Every table has a row size in bytes; tables of the same row size share a size class.
+// An EMB page belongs to one size class at a time and holds page_bytes / row_bytes slots; the byte
+// offset of a slot in the pool is PageOffset(page) + slot * row_bytes (SlotOffset). The cache does
+// page and slot accounting only: it never reads or writes row bytes. Insert returns the slot the
+// caller's device copy writes; Lookup returns the slots the caller's gather reads.
+//
+// Pages. The cache holds at most budget_pages() pages. It takes pages lazily with
+// HbmPool::AllocPage(kEmb) when a size class runs out of free slots and the budget allows, and
+// gives pages back with HbmPool::FreePage in Shrink / SetBudgetPages (the caller — the
+// MemoryManager — then takes them for the KV side). Classes do not rebalance pages between each
+// other: a class that holds no page while the budget is spent gets RESOURCE_EXHAUSTED.
+//
+// Shrink is metadata-only and O(1) per page after an O(pages held) selection of the coldest
+// pages: a page's generation is bumped, which makes every index entry on it stale at once (an
+// entry records the generation it was inserted under). Stale entries are dropped lazily: when a
+// lookup or insert meets one, when a replacement policy meets one at the cold end of its lists,
+// and by a sweep that advances a few entries per call while stale entries exist.
+//
+// Residency shards (§7). ResidentRows(table, shard) is the number of rows of residency shard
+// row / residency_shard_rows that the cache holds (live entries). Every page keeps its own
+// per-shard counts; Shrink moves a page's counts to a pending list in O(1) and they are subtracted
+// from the totals before ResidentRows answers (and a few at a time on every insert), so the
+// answer is always exact.
+//
+// Policies. kLru: one LRU list per size class. kTinyLfu: W-TinyLFU (Einziger et al., 2017): a 1%
+// LRU admission window in front of a segmented LRU (20% probation, 80% protected); when the window
+// overflows, its oldest entry enters the main cache only if a count-min sketch of recent lookups
+// says it is more frequent than the main cache's victim. Every lookup and insert is O(1)
+// (amortised for the sketch's periodic halving).
+//
+// Offsets stay valid until the next call that may evict (Insert, InsertBatch, Shrink,
+// SetBudgetPages) from any thread; the offsets one InsertBatch returns are distinct and valid
+// together (the batch never evicts a row it returned). The caller orders its device copies and
+// gathers against admissions.
+//
+// Ownership: the cache borrows the pool and the clock (both outlive it); it owns the pages it
+// holds and frees them to the pool when destroyed.
+//
+// Thread-safe: one mutex around every call.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "serving_node/core/emb_replacement_policy.h"
+#include "serving_node/core/hbm_pool.h"
+
+namespace hlem::serving {
+
+struct EmbTableSpec {
+  uint32_t table_id = 0;
+  uint32_t row_bytes = 0;  // bytes of one row (dim * element size); must fit a page
+};
+
+struct EmbCacheOptions {
+  std::vector<EmbTableSpec> tables;
+  uint64_t residency_shard_rows = 4096;  // rows per residency shard (ARCHITECTURE §7)
+  EmbPolicy policy = EmbPolicy::kLru;
+  uint32_t budget_pages = 0;  // initial budget; SetBudgetPages moves it
+  // kTinyLfu: counters per row of the count-min sketch, rounded up to a power of two. 0: one per
+  // slot the pool could hold for the size class, clamped to [1024, 2^22].
+  uint32_t sketch_width = 0;
+};
+
+// Pool byte offset returned for a miss.
+inline constexpr uint64_t kEmbMiss = UINT64_MAX;
+
+struct EmbLookupResult {
+  std::vector<uint64_t> offsets;         // per position: slot offset, or kEmbMiss
+  std::vector<uint32_t> miss_positions;  // positions that missed, ascending
+  uint32_t hits = 0;
+};
+
+// Cumulative counters, plus the current holdings.
+struct EmbCacheStats {
+  absl::Time as_of;
+  uint64_t lookups = 0;  // rows looked up (the caller deduplicates a batch first)
+  uint64_t hits = 0;
+  uint64_t misses = 0;
+  uint64_t inserts = 0;           // new entries admitted (duplicate inserts not counted)
+  uint64_t evictions = 0;         // entries evicted by the replacement policy
+  uint64_t shrunk_pages = 0;      // pages given back by Shrink / SetBudgetPages
+  uint64_t shrunk_entries = 0;    // entries invalidated with those pages
+  uint64_t stale_dropped = 0;     // stale index entries dropped lazily
+  uint64_t insert_exhausted = 0;  // inserts answered RESOURCE_EXHAUSTED
+  uint64_t pages_held = 0;        // now
+  uint64_t bytes_held = 0;        // now: pages_held * page_bytes
+  uint64_t entries = 0;           // now: live entries
+  uint64_t stale_entries = 0;     // now: invalidated entries not yet dropped
+  uint32_t budget_pages = 0;      // now
+};
+
+class EmbCache {
+ public:
+  // INVALID_ARGUMENT (naming the field) when there is no table, a table id repeats, a row size is
+  // 0 or larger than a page, or residency_shard_rows is 0.
+  static absl::StatusOr<std::unique_ptr<EmbCache>> Create(const EmbCacheOptions& options,
+                                                          HbmPool& pool, Clock& clock);
+  ~EmbCache();
+  EmbCache(const EmbCache&) = delete;
+  EmbCache& operator=(const EmbCache&) = delete;
+
+  // Pool byte offset of slot `slot` of `page` in a page of rows of `row_bytes` bytes.
+  static uint64_t SlotOffset(uint64_t page_bytes, PageId page, uint32_t slot, uint32_t row_bytes) {
+    return uint64_t{page} * page_bytes + uint64_t{slot} * row_bytes;
+  }
+  uint64_t SlotOffset(PageId page, uint32_t slot, uint32_t row_bytes) const {
+    return pool_.PageOffset(page) + uint64_t{slot} * row_bytes;
+  }
+  uint32_t SlotsPerPage(uint32_t row_bytes) const {
+    return static_cast<uint32_t>(pool_.page_bytes() / row_bytes);
+  }
+
+  // Looks up every row of one table. Hits refresh recency (and frequency); misses are listed.
+  // INVALID_ARGUMENT for an unknown table.
+  absl::Status Lookup(uint32_t table_id, std::span<const uint64_t> rows, EmbLookupResult* out);
+
+  // Admits a row and returns the offset of its slot, where the caller writes the row's bytes.
+  // A resident row keeps its slot (its recency is refreshed). Takes a never-used slot on a page
+  // of the row's size, else a new page within the budget, else the policy's victim of that size.
+  // RESOURCE_EXHAUSTED when none of these can be had; INVALID_ARGUMENT for an unknown table.
+  absl::StatusOr<uint64_t> Insert(uint32_t table_id, uint64_t row);
+  // Insert for many rows of one table; offsets[i] is the slot of rows[i]. No row of the batch
+  // evicts another row of the batch. On an error, offsets holds the slots of the rows before the
+  // one that failed (they stay admitted).
+  absl::Status InsertBatch(uint32_t table_id, std::span<const uint64_t> rows,
+                           std::vector<uint64_t>* offsets);
+
+  // The slot of a resident row, without counting a lookup or touching recency (refill uses it).
+  std::optional<uint64_t> Peek(uint32_t table_id, uint64_t row) const;
+
+  // Sets the page budget. When the cache holds more pages, the coldest are given back at once, as
+  // by Shrink; their ids are appended to `freed` when it is not null.
+  void SetBudgetPages(uint32_t pages, std::vector<PageId>* freed = nullptr);
+  uint32_t budget_pages() const;
+
+  // Gives back the `n_pages` coldest pages held (all when fewer are held) with every entry in
+  // them: their entries become misses, the pages go back to the pool with HbmPool::FreePage and
+  // their ids are appended to `freed` (may be null). The budget drops by the same count.
+  // Coldness: fewest accesses in an exponentially decaying window, then least recently accessed.
+  // Returns the number of pages given back. Cost: O(pages held) to select, O(1) per page.
+  uint32_t Shrink(uint32_t n_pages, std::vector<PageId>* freed);
+
+  // Rows of residency shard `shard` (= row / residency_shard_rows) of a table held now.
+  uint64_t ResidentRows(uint32_t table_id, uint64_t shard);
+  uint64_t residency_shard_rows() const { return residency_shard_rows_; }
+
+  EmbCacheStats GetStats() const;
+  EmbPolicy policy() const { return policy_kind_; }
+
+  // Recounts everything (index, entries, pages, policy segments, residency counters) and compares
+  // with the incremental state. INTERNAL with the first difference. O(size); for tests.
+  absl::Status CheckInvariants() const;
+
+ private:
+  struct SizeClass;
+  struct PageMeta;
+  struct Key {
+    uint32_t table_id;
+    uint64_t row;
+    bool operator==(const Key&) const = default;
+    template <typename H>
+    friend H AbslHashValue(H h, const Key& k) {
+      return H::combine(std::move(h), k.table_id, k.row);
+    }
+  };
+  using ShardCounts = absl::flat_hash_map<Key, uint32_t>;  // (table, shard) -> rows
+
+  EmbCache(const EmbCacheOptions& options, HbmPool& pool, Clock& clock);
+
+  absl::StatusOr<uint64_t> InsertLocked(uint32_t cls, uint32_t table_id, uint64_t row, bool detach)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A free slot of class `cls`: fills *page and *slot. RESOURCE_EXHAUSTED when none.
+  absl::Status TakeSlotLocked(uint32_t cls, PageId* page, uint32_t* slot)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EvictLocked(uint32_t entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A stale entry still in its policy's lists / already unlinked by the policy.
+  void DropStaleLocked(uint32_t entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ForgetStaleLocked(uint32_t entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets the stale entries a policy unlinked during its last call.
+  void FlushStaleFoundLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropPageLocked(PageId page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint32_t ShrinkLocked(uint32_t n_pages, std::vector<PageId>* freed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TouchPageLocked(PageId page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint32_t PageHeatLocked(const PageMeta& meta) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Background-free upkeep: drops a few stale entries and applies a few pending shard counts.
+  void UpkeepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DrainPendingLocked(size_t max_items) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Key ShardKey(uint32_t table_id, uint64_t row) const {
+    return Key{table_id, row / residency_shard_rows_};
+  }
+
+  HbmPool& pool_;
+  Clock& clock_;
+  const EmbPolicy policy_kind_;
+  const uint64_t residency_shard_rows_;
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<uint32_t, uint32_t> table_class_ ABSL_GUARDED_BY(mu_);  // id -> class
+  std::vector<SizeClass> classes_ ABSL_GUARDED_BY(mu_);
+  std::vector<PageMeta> pages_ ABSL_GUARDED_BY(mu_);  // by PageId, all pool pages
+  std::vector<PageId> held_ ABSL_GUARDED_BY(mu_);     // pages held, any order
+  std::unique_ptr<EmbEntryStore> store_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<Key, uint32_t> index_ ABSL_GUARDED_BY(mu_);  // (table, row) -> entry
+  ShardCounts resident_ ABSL_GUARDED_BY(mu_);
+  std::vector<ShardCounts> pending_ ABSL_GUARDED_BY(mu_);  // counts of shrunk pages to subtract
+  uint32_t budget_pages_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t live_entries_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t stale_entries_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t sweep_pos_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t ticks_ ABSL_GUARDED_BY(mu_) = 0;             // accesses, for page recency
+  uint32_t heat_epoch_ ABSL_GUARDED_BY(mu_) = 0;        // page heat halves every epoch
+  uint64_t epoch_ticks_ ABSL_GUARDED_BY(mu_) = 0;       // accesses in the current epoch
+  std::vector<uint32_t> scratch_ ABSL_GUARDED_BY(mu_);  // entries detached by an InsertBatch
+  std::vector<uint32_t> scratch_stale_ ABSL_GUARDED_BY(mu_);
+  EmbCacheStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace hlem::serving

@@ -1,0 +1,93 @@
+#include "serving_node/core/emulated_link.h"
+
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace hlem::serving {
+
+const char* CopyPurposeName(CopyPurpose purpose) {
+  switch (purpose) {
+    case CopyPurpose::kEmbMiss:
+      return "emb_miss";
+    case CopyPurpose::kEmbRefill:
+      return "emb_refill";
+    case CopyPurpose::kKv:
+      return "kv";
+    case CopyPurpose::kOther:
+      return "other";
+  }
+  return "?";
+}
+
+absl::StatusOr<std::unique_ptr<EmulatedLink>> EmulatedLink::Create(const LinkOptions& options,
+                                                                   Clock& clock) {
+  if (!(options.bytes_per_second > 0) || !std::isfinite(options.bytes_per_second)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "link.bytes_per_second: must be a positive number, got ", options.bytes_per_second));
+  }
+  if (options.latency < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("link.latency: must be >= 0");
+  }
+  return std::unique_ptr<EmulatedLink>(new EmulatedLink(options, clock));
+}
+
+EmulatedLink::~EmulatedLink() {
+  absl::MutexLock lock(&mu_);
+  stopping_ = true;
+  // A completion already running on the timer thread finishes before we go.
+  if (busy_ && !clock_.Cancel(timer_)) {
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !busy_; };
+    mu_.Await(absl::Condition(&idle));
+  }
+}
+
+absl::Duration EmulatedLink::TransferTime(uint64_t bytes) const {
+  return options_.latency +
+         absl::Nanoseconds(std::ceil(static_cast<double>(bytes) * 1e9 / options_.bytes_per_second));
+}
+
+void EmulatedLink::Submit(CopyClass cls, uint64_t bytes, std::function<void()> done) {
+  absl::MutexLock lock(&mu_);
+  queues_[static_cast<int>(cls)].push_back(Transfer{cls, bytes, std::move(done)});
+  if (!busy_) StartNextLocked();
+}
+
+bool EmulatedLink::StartNextLocked() {
+  if (stopping_) return false;
+  for (int c = 0; c < 2; ++c) {
+    if (queues_[c].empty()) continue;
+    on_link_ = std::move(queues_[c].front());
+    queues_[c].pop_front();
+    busy_ = true;
+    absl::Duration t = TransferTime(on_link_.bytes);
+    busy_ns_ += static_cast<uint64_t>(absl::ToInt64Nanoseconds(t));
+    timer_ = clock_.ScheduleAfter(t, [this] { Complete(); });
+    return true;
+  }
+  return false;
+}
+
+void EmulatedLink::Complete() {
+  std::function<void()> done;
+  {
+    absl::MutexLock lock(&mu_);
+    done = std::move(on_link_.done);
+    busy_ = false;
+    StartNextLocked();
+  }
+  if (done) done();
+}
+
+bool EmulatedLink::critical_pending() const {
+  absl::MutexLock lock(&mu_);
+  return !queues_[0].empty() || (busy_ && on_link_.cls == CopyClass::kCritical);
+}
+
+uint64_t EmulatedLink::busy_ns() const {
+  absl::MutexLock lock(&mu_);
+  return busy_ns_;
+}
+
+}  // namespace hlem::serving

@@ -1,0 +1,51 @@
+#include "serving_node/core/residency_events.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace hlem::serving {
+
+uint64_t ResidencyEventLog::Publish(ResidencyEvent event) {
+  absl::MutexLock order(&publish_mu_);
+  std::vector<std::function<void(const ResidencyEvent&)>> subscribers;
+  {
+    absl::MutexLock lock(&mu_);
+    event.epoch = epoch_;
+    event.seq = next_seq_++;
+    log_.push_back(event);
+    while (log_.size() > capacity_) log_.pop_front();
+    subscribers = subscribers_;
+  }
+  for (const auto& fn : subscribers) fn(event);
+  return event.seq;
+}
+
+absl::StatusOr<std::vector<ResidencyEvent>> ResidencyEventLog::Since(uint64_t from_seq) const {
+  absl::MutexLock lock(&mu_);
+  if (from_seq > next_seq_) {
+    return absl::OutOfRangeError(
+        absl::StrCat("from_seq ", from_seq, " is past the last event ", next_seq_ - 1));
+  }
+  uint64_t oldest = log_.empty() ? next_seq_ : log_.front().seq;
+  if (from_seq < oldest && from_seq != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("events from seq ", from_seq,
+                                                      " were dropped (oldest kept: ", oldest,
+                                                      "); take a snapshot"));
+  }
+  std::vector<ResidencyEvent> out;
+  for (const ResidencyEvent& e : log_) {
+    if (e.seq >= from_seq) out.push_back(e);
+  }
+  return out;
+}
+
+uint64_t ResidencyEventLog::last_seq() const {
+  absl::MutexLock lock(&mu_);
+  return next_seq_ - 1;
+}
+
+void ResidencyEventLog::Subscribe(std::function<void(const ResidencyEvent&)> fn) {
+  absl::MutexLock lock(&mu_);
+  subscribers_.push_back(std::move(fn));
+}
+
+}  // namespace hlem::serving

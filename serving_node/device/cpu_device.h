@@ -1,0 +1,49 @@
+#pragma once
+// The `cpu` Device: a host arena standing in for HBM and an EmulatedLink standing in for PCIe
+// (bandwidth and latency from config), so the EMB-vs-KV trade-off exists on a machine without a
+// GPU. A copy's bytes land in the arena when the emulated transfer completes. Thread-safe.
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "common/clock.h"
+#include "serving_node/core/device.h"
+#include "serving_node/core/emulated_link.h"
+
+namespace hlem::serving {
+
+struct CpuDeviceOptions {
+  uint64_t pool_bytes = 0;
+  LinkOptions link;
+};
+
+class CpuDevice final : public Device {
+ public:
+  static absl::StatusOr<std::unique_ptr<CpuDevice>> Create(const CpuDeviceOptions& options,
+                                                           Clock& clock);
+  ~CpuDevice() override;
+
+  std::string name() const override { return "cpu"; }
+  uint64_t pool_bytes() const override { return pool_bytes_; }
+  void CopyToPool(CopyClass cls, CopyPurpose purpose, const std::byte* src, uint64_t pool_offset,
+                  size_t bytes, std::function<void(absl::Status)> done) override;
+  absl::Status ReadPool(uint64_t pool_offset, std::byte* dst, size_t bytes) override;
+  bool critical_pending() const override { return link_->critical_pending(); }
+  DeviceCopyStats stats() const override;
+
+  // The arena itself: the CPU model runner computes on it directly.
+  std::byte* pool_data() { return pool_.get(); }
+
+ private:
+  CpuDevice(uint64_t pool_bytes, std::unique_ptr<std::byte[]> pool,
+            std::unique_ptr<EmulatedLink> link)
+      : pool_bytes_(pool_bytes), pool_(std::move(pool)), link_(std::move(link)) {}
+
+  const uint64_t pool_bytes_;
+  std::unique_ptr<std::byte[]> pool_;
+  std::unique_ptr<EmulatedLink> link_;
+  mutable absl::Mutex mu_;
+  DeviceCopyStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace hlem::serving
