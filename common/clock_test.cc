@@ -1,10 +1,10 @@
 #include "common/clock.h"
 
 #include <atomic>
+#include <future>
 #include <string>
 #include <vector>
 
-#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 
 namespace hlem {
@@ -106,9 +106,23 @@ TEST(SimClockTest, ManyCancelledTimersDoNotAccumulate) {
   EXPECT_EQ(runs, 100);
 }
 
+// A one-shot event over std::promise (absl::Notification lives in the uninstrumented abseil
+// library, which the TSan build's absl::Mutex stand-in must not mix with).
+class Event {
+ public:
+  void Notify() { promise_.set_value(); }
+  bool WaitForNotificationWithTimeout(absl::Duration timeout) {
+    return future_.wait_for(absl::ToChronoNanoseconds(timeout)) == std::future_status::ready;
+  }
+
+ private:
+  std::promise<void> promise_;
+  std::future<void> future_ = promise_.get_future();
+};
+
 TEST(RealClockTest, TimerFiresAboutOnTime) {
   RealClock clock;
-  absl::Notification fired;
+  Event fired;
   absl::Time fired_at;
   absl::Time start = clock.Now();
   clock.ScheduleAfter(absl::Milliseconds(50), [&] {
@@ -122,7 +136,7 @@ TEST(RealClockTest, TimerFiresAboutOnTime) {
 
 TEST(RealClockTest, EarlierTimerScheduledLaterStillFiresFirst) {
   RealClock clock;
-  absl::Notification early;
+  Event early;
   std::atomic<bool> late_ran{false};
   clock.ScheduleAfter(absl::Seconds(10), [&] { late_ran = true; });
   absl::Time start = absl::Now();
@@ -135,7 +149,7 @@ TEST(RealClockTest, EarlierTimerScheduledLaterStillFiresFirst) {
 TEST(RealClockTest, CancelledTimerNeverRuns) {
   RealClock clock;
   std::atomic<int> runs{0};
-  absl::Notification marker;
+  Event marker;
   TimerId id = clock.ScheduleAfter(absl::Milliseconds(30), [&] { runs += 1; });
   clock.ScheduleAfter(absl::Milliseconds(80), [&] { marker.Notify(); });
   EXPECT_TRUE(clock.Cancel(id));
