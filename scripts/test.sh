@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The README's test command: installs the Debian packages HLEM needs (idempotent), builds
 # everything, checks formatting, runs every test label, then builds the core libraries with
-# ASan+UBSan and runs their unit and fuzz-corpus tests. Prints the time of each stage.
+# ASan+UBSan (unit and fuzz-corpus tests) and with TSan (unit tests). Prints each stage's time.
 #   scripts/test.sh            everything
 #   HLEM_JOBS=N                build parallelism (default: number of cores)
-#   HLEM_SKIP_SANITIZERS=1     skip the ASan+UBSan stage (local iteration only; CI runs it)
+#   HLEM_SKIP_SANITIZERS=1     skip the sanitizer stages (local iteration only; CI runs them)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -59,6 +59,12 @@ if [ "${HLEM_SKIP_SANITIZERS:-0}" != "1" ]; then
   if stage "asan:configure" cmake --preset asan -S . >/dev/null &&
      stage "asan:build" cmake --build --preset asan -j "$jobs"; then
     stage "asan:test" ctest --test-dir build-asan --output-on-failure --no-tests=error -j1
+  fi
+  # TSan over the same core libraries (absl::Mutex seen through cmake/tsan's stand-in).
+  if stage "tsan:configure" cmake --preset tsan -S . >/dev/null &&
+     stage "tsan:build" cmake --build --preset tsan -j "$jobs"; then
+    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+      stage "tsan:test" ctest --test-dir build-tsan -L unit --output-on-failure --no-tests=error -j1
   fi
 fi
 

@@ -2,36 +2,17 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <tuple>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/rng.h"
+#include "serving_node/core/emb_cache_internal.h"
 
 namespace hlem::serving {
-
-inline constexpr uint32_t kNotOpen = UINT32_MAX;
-
-struct EmbCache::SizeClass {
-  uint32_t row_bytes = 0;
-  uint32_t slots_per_page = 0;
-  uint32_t pages = 0;
-  std::vector<PageId> open;  // held pages with never-used slots
-  std::unique_ptr<EmbReplacementPolicy> policy;
-};
-
-struct EmbCache::PageMeta {
-  int32_t cls = -1;   // size class holding the page; -1 when the cache does not hold it
-  uint32_t used = 0;  // slots handed out so far (slots [0, used) hold live entries)
-  uint32_t live = 0;
-  uint32_t held_pos = 0;
-  uint32_t open_pos = kNotOpen;
-  uint32_t heat = 0;  // accesses, halved every heat epoch (applied lazily)
-  uint32_t heat_epoch = 0;
-  uint64_t last_access = 0;
-  ShardCounts shards;  // live entries per (table, residency shard)
-};
 
 absl::StatusOr<std::unique_ptr<EmbCache>> EmbCache::Create(const EmbCacheOptions& options,
                                                            HbmPool& pool, Clock& clock) {
@@ -95,6 +76,7 @@ absl::Status EmbCache::Lookup(uint32_t table_id, std::span<const uint64_t> rows,
   const bool record = policy_kind_ == EmbPolicy::kTinyLfu;
   out->offsets.resize(rows.size());
   out->miss_positions.clear();
+  out->pending_positions.clear();
   out->hits = 0;
   for (size_t i = 0; i < rows.size(); ++i) {
     if (record) c.policy->RecordAccess(EmbKeyHash(table_id, rows[i]));
@@ -103,11 +85,14 @@ absl::Status EmbCache::Lookup(uint32_t table_id, std::span<const uint64_t> rows,
       EntryId e = it->second;
       if (!store_->IsStale(e)) {
         const EmbEntry& x = store_->entries[e];
-        out->offsets[i] = SlotOffset(x.page, x.slot, c.row_bytes);
-        if (!x.detached) {
-          c.policy->Touch(e);
-          FlushStaleFoundLocked();
+        if (x.detached) {  // pending: its bytes are still in flight
+          out->offsets[i] = kEmbMiss;
+          out->pending_positions.push_back(static_cast<uint32_t>(i));
+          continue;
         }
+        out->offsets[i] = SlotOffset(x.page, x.slot, c.row_bytes);
+        c.policy->Touch(e);
+        FlushStaleFoundLocked();
         TouchPageLocked(x.page);
         ++out->hits;
         continue;
@@ -120,6 +105,7 @@ absl::Status EmbCache::Lookup(uint32_t table_id, std::span<const uint64_t> rows,
   stats_.lookups += rows.size();
   stats_.hits += out->hits;
   stats_.misses += rows.size() - out->hits;
+  stats_.pending_lookups += out->pending_positions.size();
   UpkeepLocked();
   return absl::OkStatus();
 }
@@ -130,7 +116,7 @@ absl::StatusOr<uint64_t> EmbCache::Insert(uint32_t table_id, uint64_t row) {
   if (cit == table_class_.end()) {
     return absl::InvalidArgumentError(absl::StrCat("EmbCache::Insert: unknown table ", table_id));
   }
-  absl::StatusOr<uint64_t> offset = InsertLocked(cit->second, table_id, row, /*detach=*/false);
+  absl::StatusOr<uint64_t> offset = InsertLocked(cit->second, table_id, row, Admit::kVisible);
   UpkeepLocked();
   return offset;
 }
@@ -148,31 +134,38 @@ absl::Status EmbCache::InsertBatch(uint32_t table_id, std::span<const uint64_t> 
   scratch_.clear();
   absl::Status status;
   for (uint64_t row : rows) {
-    absl::StatusOr<uint64_t> offset = InsertLocked(cit->second, table_id, row, /*detach=*/true);
+    absl::StatusOr<uint64_t> offset = InsertLocked(cit->second, table_id, row, Admit::kBatch);
     if (!offset.ok()) {
       status = offset.status();
       break;
     }
     offsets->push_back(*offset);
   }
-  EmbReplacementPolicy& policy = *classes_[cit->second].policy;
+  AttachBatchLocked(cit->second);
+  UpkeepLocked();
+  return status;
+}
+
+void EmbCache::AttachBatchLocked(uint32_t cls) {
+  EmbReplacementPolicy& policy = *classes_[cls].policy;
   for (EntryId e : scratch_) {
     store_->entries[e].detached = false;
     policy.Attach(e);
   }
   scratch_.clear();
-  UpkeepLocked();
-  return status;
 }
 
 absl::StatusOr<uint64_t> EmbCache::InsertLocked(uint32_t cls, uint32_t table_id, uint64_t row,
-                                                bool detach) {
+                                                Admit mode, bool* was_pending) {
   SizeClass& c = classes_[cls];
   const Key key{table_id, row};
+  const bool detach = mode != Admit::kVisible;
+  if (was_pending != nullptr) *was_pending = false;
   if (auto it = index_.find(key); it != index_.end()) {
     EntryId e = it->second;
     if (!store_->IsStale(e)) {
       EmbEntry& x = store_->entries[e];
+      if (x.detached && was_pending != nullptr) *was_pending = reserved_.contains(e);
       if (!x.detached) {
         c.policy->Touch(e);
         FlushStaleFoundLocked();
@@ -202,20 +195,30 @@ absl::StatusOr<uint64_t> EmbCache::InsertLocked(uint32_t cls, uint32_t table_id,
   x.gen = store_->page_gen[page];
   x.cls = static_cast<uint16_t>(cls);
   index_[key] = e;
-  c.policy->Insert(e);
-  FlushStaleFoundLocked();
-  if (detach) {
-    c.policy->Detach(e);
-    x.detached = true;
-    scratch_.push_back(e);
+  if (mode == Admit::kPending) {
+    x.detached = true;  // enters the policy at Commit
+  } else {
+    c.policy->Insert(e);
+    FlushStaleFoundLocked();
+    if (detach) {
+      c.policy->Detach(e);
+      x.detached = true;
+    }
   }
   PageMeta& pm = pages_[page];
   ++pm.live;
-  const Key shard = ShardKey(table_id, row);
-  ++pm.shards[shard];
-  ++resident_[shard];
   ++live_entries_;
-  ++stats_.inserts;
+  if (mode == Admit::kPending) {
+    reserved_.insert(e);
+    ++pm.pending;
+    ++stats_.reserved;
+  } else {
+    if (detach) scratch_.push_back(e);
+    const Key shard = ShardKey(table_id, row);
+    ++pm.shards[shard];
+    ++resident_[shard];
+    ++stats_.inserts;
+  }
   TouchPageLocked(page);
   return SlotOffset(page, slot, c.row_bytes);
 }
@@ -241,8 +244,13 @@ absl::Status EmbCache::TakeSlotLocked(uint32_t cls, PageId* page, uint32_t* slot
   if (!c.open.empty()) {
     *page = c.open.back();
     PageMeta& pm = pages_[*page];
-    *slot = pm.used++;
-    if (pm.used == c.slots_per_page) {
+    if (!pm.holes.empty()) {
+      *slot = pm.holes.back();
+      pm.holes.pop_back();
+    } else {
+      *slot = pm.used++;
+    }
+    if (pm.used == c.slots_per_page && pm.holes.empty()) {
       c.open.pop_back();
       pm.open_pos = kNotOpen;
     }
@@ -315,6 +323,10 @@ uint32_t EmbCache::PageHeatLocked(const PageMeta& pm) const {
 
 void EmbCache::DropPageLocked(PageId page) {
   PageMeta& pm = pages_[page];
+  if (pm.pending != 0) {
+    GetLogger("emb_cache")->critical("check_failed page={} pending={} dropped", page, pm.pending);
+    std::abort();
+  }
   SizeClass& c = classes_[pm.cls];
   ++store_->page_gen[page];  // every entry on the page is stale from here on
   c.policy->DropPage(page);
@@ -339,18 +351,27 @@ void EmbCache::DropPageLocked(PageId page) {
   pool_.FreePage(page);
 }
 
-uint32_t EmbCache::ShrinkLocked(uint32_t n_pages, std::vector<PageId>* freed) {
-  const uint32_t n = std::min<uint32_t>(n_pages, static_cast<uint32_t>(held_.size()));
-  if (n == 0) return 0;
+uint32_t EmbCache::GiveBackLocked(uint32_t n_pages, std::vector<PageId>* freed) {
+  if (n_pages == 0) return 0;
   std::vector<std::tuple<uint32_t, uint64_t, PageId>> order;
   order.reserve(held_.size());
-  for (PageId p : held_) order.emplace_back(PageHeatLocked(pages_[p]), pages_[p].last_access, p);
+  for (PageId p : held_) {
+    // A page with a copy in flight stays until the copy commits or aborts.
+    if (pages_[p].pending == 0)
+      order.emplace_back(PageHeatLocked(pages_[p]), pages_[p].last_access, p);
+  }
+  const uint32_t n = std::min<uint32_t>(n_pages, static_cast<uint32_t>(order.size()));
   if (n < order.size()) std::nth_element(order.begin(), order.begin() + n, order.end());
   for (uint32_t i = 0; i < n; ++i) {
     PageId p = std::get<2>(order[i]);
     DropPageLocked(p);
     if (freed != nullptr) freed->push_back(p);
   }
+  return n;
+}
+
+uint32_t EmbCache::ShrinkLocked(uint32_t n_pages, std::vector<PageId>* freed) {
+  const uint32_t n = GiveBackLocked(n_pages, freed);
   budget_pages_ -= std::min(budget_pages_, n);
   return n;
 }
@@ -362,7 +383,7 @@ uint32_t EmbCache::Shrink(uint32_t n_pages, std::vector<PageId>* freed) {
 
 void EmbCache::SetBudgetPages(uint32_t pages, std::vector<PageId>* freed) {
   absl::MutexLock lock(&mu_);
-  if (held_.size() > pages) ShrinkLocked(static_cast<uint32_t>(held_.size()) - pages, freed);
+  if (held_.size() > pages) GiveBackLocked(static_cast<uint32_t>(held_.size()) - pages, freed);
   budget_pages_ = pages;
 }
 
@@ -396,114 +417,6 @@ void EmbCache::DrainPendingLocked(size_t max_items) {
     }
     if (counts.empty()) pending_.pop_back();
   }
-}
-
-std::optional<uint64_t> EmbCache::Peek(uint32_t table_id, uint64_t row) const {
-  absl::MutexLock lock(&mu_);
-  auto cit = table_class_.find(table_id);
-  if (cit == table_class_.end()) return std::nullopt;
-  auto it = index_.find(Key{table_id, row});
-  if (it == index_.end() || store_->IsStale(it->second)) return std::nullopt;
-  const EmbEntry& x = store_->entries[it->second];
-  return SlotOffset(x.page, x.slot, classes_[cit->second].row_bytes);
-}
-
-uint64_t EmbCache::ResidentRows(uint32_t table_id, uint64_t shard) {
-  absl::MutexLock lock(&mu_);
-  DrainPendingLocked(SIZE_MAX);
-  auto it = resident_.find(Key{table_id, shard});
-  return it == resident_.end() ? 0 : it->second;
-}
-
-EmbCacheStats EmbCache::GetStats() const {
-  absl::MutexLock lock(&mu_);
-  EmbCacheStats s = stats_;
-  s.as_of = clock_.Now();
-  s.pages_held = held_.size();
-  s.bytes_held = held_.size() * pool_.page_bytes();
-  s.entries = live_entries_;
-  s.stale_entries = stale_entries_;
-  s.budget_pages = budget_pages_;
-  return s;
-}
-
-absl::Status EmbCache::CheckInvariants() const {
-  absl::MutexLock lock(&mu_);
-  auto fail = [](auto&&... parts) { return absl::InternalError(absl::StrCat(parts...)); };
-  if (held_.size() > budget_pages_)
-    return fail("holds ", held_.size(), " pages over budget ", budget_pages_);
-  uint64_t class_pages = 0;
-  for (const SizeClass& c : classes_) class_pages += c.pages;
-  if (class_pages != held_.size()) return fail("classes hold ", class_pages, " != ", held_.size());
-  for (size_t i = 0; i < held_.size(); ++i) {
-    const PageMeta& pm = pages_[held_[i]];
-    if (pm.cls < 0 || pm.held_pos != i) return fail("held page ", held_[i], " bad meta");
-    if (pool_.owner(held_[i]) != PageOwner::kEmb) return fail("held page ", held_[i], " not EMB");
-    const SizeClass& c = classes_[pm.cls];
-    bool open = pm.used < c.slots_per_page;
-    if (open != (pm.open_pos != kNotOpen) || (open && c.open[pm.open_pos] != held_[i])) {
-      return fail("page ", held_[i], " open list mismatch");
-    }
-  }
-  uint64_t held_pages_seen = 0;
-  for (const PageMeta& pm : pages_) held_pages_seen += pm.cls >= 0;
-  if (held_pages_seen != held_.size()) return fail("pages marked held != held list");
-
-  uint64_t live = 0, stale = 0, in_use = 0;
-  for (const EmbEntry& x : store_->entries) in_use += x.in_use;
-  if (in_use != index_.size()) return fail(in_use, " entries in use, index has ", index_.size());
-  std::vector<uint32_t> page_live(pages_.size(), 0);
-  ShardCounts shard_count;
-  std::vector<ShardCounts> page_shards(pages_.size());
-  absl::flat_hash_set<uint64_t> slots;
-  for (const auto& [key, e] : index_) {
-    const EmbEntry& x = store_->entries[e];
-    if (!x.in_use || x.table_id != key.table_id || x.row != key.row || x.detached) {
-      return fail("index entry (", key.table_id, ",", key.row, ") -> bad entry ", e);
-    }
-    if (store_->IsStale(e)) {
-      ++stale;
-      continue;
-    }
-    ++live;
-    const PageMeta& pm = pages_[x.page];
-    if (pm.cls != x.cls || x.slot >= pm.used) return fail("entry ", e, " on a bad slot");
-    if (classes_[x.cls].row_bytes != classes_[table_class_.at(x.table_id)].row_bytes) {
-      return fail("entry ", e, " in the wrong size class");
-    }
-    if (!slots.insert((uint64_t{x.page} << 32) | x.slot).second) {
-      return fail("two live entries on page ", x.page, " slot ", x.slot);
-    }
-    ++page_live[x.page];
-    ++shard_count[ShardKey(x.table_id, x.row)];
-    ++page_shards[x.page][ShardKey(x.table_id, x.row)];
-  }
-  if (live != live_entries_ || stale != stale_entries_) {
-    return fail("live/stale ", live, "/", stale, " counted, ", live_entries_, "/", stale_entries_,
-                " kept");
-  }
-  for (size_t p = 0; p < pages_.size(); ++p) {
-    if (pages_[p].live != page_live[p] || pages_[p].used != page_live[p]) {
-      return fail("page ", p, " live ", pages_[p].live, " used ", pages_[p].used, " counted ",
-                  page_live[p]);
-    }
-    if (pages_[p].shards != page_shards[p]) return fail("page ", p, " shard counts differ");
-  }
-  ShardCounts kept = resident_;
-  for (const ShardCounts& counts : pending_) {
-    for (const auto& [k, n] : counts) kept[k] -= n;
-  }
-  for (auto it = kept.begin(); it != kept.end();) {
-    auto cur = it++;
-    if (cur->second == 0) kept.erase(cur);
-  }
-  if (kept != shard_count) return fail("resident-row counters differ from a recount");
-  uint64_t listed = 0;
-  for (const SizeClass& c : classes_) {
-    if (absl::Status st = c.policy->Check(&listed); !st.ok()) return st;
-  }
-  if (listed != in_use) return fail(listed, " entries in policy lists, ", in_use, " in use");
-  return absl::OkStatus();
 }
 
 }  // namespace hlem::serving

@@ -8,10 +8,23 @@
 // page and slot accounting only: it never reads or writes row bytes. Insert returns the slot the
 // caller's device copy writes; Lookup returns the slots the caller's gather reads.
 //
+// Two-phase admission. A device copy is asynchronous, so a row must not be served before its
+// bytes have landed. ReserveBatch makes *pending* entries: they hold a slot but Lookup reports
+// them in pending_positions (never as hits, never in miss_positions, so the caller waits for the
+// copy in flight instead of fetching the row a second time), they are never eviction victims, and
+// a page holding one is never given back. Commit (after the copy completed) makes them hits;
+// Abort (the copy or the fetch failed) drops them and frees their slots for the next admission.
+// ResidentRows counts committed rows only. Insert / InsertBatch admit visible at once: they are
+// for callers that write the bytes before any lookup can run (single-threaded tests, the
+// simulator); the node's miss and refill paths use ReserveBatch + Commit/Abort.
+//
 // Pages. The cache holds at most budget_pages() pages. It takes pages lazily with
 // HbmPool::AllocPage(kEmb) when a size class runs out of free slots and the budget allows, and
 // gives pages back with HbmPool::FreePage in Shrink / SetBudgetPages (the caller — the
-// MemoryManager — then takes them for the KV side). Classes do not rebalance pages between each
+// MemoryManager — then takes them for the KV side). A page with a pending entry is not given back
+// while its copy is in flight: SetBudgetPages may leave the cache over budget by such pages, and
+// the excess goes back (coldest pages first, not reported in `freed`) as the reservations
+// commit or abort. Classes do not rebalance pages between each
 // other: a class that holds no page while the budget is spent gets RESOURCE_EXHAUSTED.
 //
 // Shrink is metadata-only and O(1) per page after an O(pages held) selection of the coldest
@@ -32,13 +45,14 @@
 // says it is more frequent than the main cache's victim. Every lookup and insert is O(1)
 // (amortised for the sketch's periodic halving).
 //
-// Offsets stay valid until the next call that may evict (Insert, InsertBatch, Shrink,
-// SetBudgetPages) from any thread; the offsets one InsertBatch returns are distinct and valid
+// Offsets stay valid until the next call that may evict (Insert, InsertBatch, ReserveBatch,
+// Shrink, SetBudgetPages) from any thread; a pending entry's offset stays valid until its Commit
+// or Abort; the offsets one InsertBatch returns are distinct and valid
 // together (the batch never evicts a row it returned). The caller orders its device copies and
 // gathers against admissions.
 //
 // Ownership: the cache borrows the pool and the clock (both outlive it); it owns the pages it
-// holds and frees them to the pool when destroyed.
+// holds and frees them to the pool when destroyed (after every copy into them has completed).
 //
 // Thread-safe: one mutex around every call.
 
@@ -49,6 +63,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -78,9 +93,22 @@ struct EmbCacheOptions {
 inline constexpr uint64_t kEmbMiss = UINT64_MAX;
 
 struct EmbLookupResult {
-  std::vector<uint64_t> offsets;         // per position: slot offset, or kEmbMiss
-  std::vector<uint32_t> miss_positions;  // positions that missed, ascending
+  std::vector<uint64_t> offsets;  // per position: slot offset, or kEmbMiss (missed or pending)
+  std::vector<uint32_t> miss_positions;  // positions that missed and are not pending, ascending
+  // Positions whose row is reserved but not committed (its bytes are in flight), ascending. Not
+  // hits and not in miss_positions: the caller waits for that copy rather than fetching again.
+  std::vector<uint32_t> pending_positions;
   uint32_t hits = 0;
+};
+
+// What ReserveBatch did for each row.
+struct EmbReservation {
+  // Per row: the slot of a row reserved by this call or already resident; kEmbMiss for a row
+  // already pending under an earlier reservation (its copy is in flight elsewhere).
+  std::vector<uint64_t> offsets;
+  // Rows this call reserved, ascending: the caller copies exactly these and then Commits or
+  // Aborts them.
+  std::vector<uint32_t> reserved_positions;
 };
 
 // Cumulative counters, plus the current holdings.
@@ -95,9 +123,14 @@ struct EmbCacheStats {
   uint64_t shrunk_entries = 0;    // entries invalidated with those pages
   uint64_t stale_dropped = 0;     // stale index entries dropped lazily
   uint64_t insert_exhausted = 0;  // inserts answered RESOURCE_EXHAUSTED
+  uint64_t pending_lookups = 0;   // looked-up rows found pending (also counted in misses)
+  uint64_t reserved = 0;          // pending entries made by ReserveBatch
+  uint64_t committed = 0;         // of those, committed (also counted in inserts)
+  uint64_t aborted = 0;           // of those, aborted
   uint64_t pages_held = 0;        // now
   uint64_t bytes_held = 0;        // now: pages_held * page_bytes
-  uint64_t entries = 0;           // now: live entries
+  uint64_t entries = 0;           // now: live entries, pending ones included
+  uint64_t pending_entries = 0;   // now: reserved, neither committed nor aborted
   uint64_t stale_entries = 0;     // now: invalidated entries not yet dropped
   uint32_t budget_pages = 0;      // now
 };
@@ -131,6 +164,7 @@ class EmbCache {
   // A resident row keeps its slot (its recency is refreshed). Takes a never-used slot on a page
   // of the row's size, else a new page within the budget, else the policy's victim of that size.
   // RESOURCE_EXHAUSTED when none of these can be had; INVALID_ARGUMENT for an unknown table.
+  // A pending row keeps its slot and stays pending (its reserver commits it).
   absl::StatusOr<uint64_t> Insert(uint32_t table_id, uint64_t row);
   // Insert for many rows of one table; offsets[i] is the slot of rows[i]. No row of the batch
   // evicts another row of the batch. On an error, offsets holds the slots of the rows before the
@@ -138,8 +172,28 @@ class EmbCache {
   absl::Status InsertBatch(uint32_t table_id, std::span<const uint64_t> rows,
                            std::vector<uint64_t>* offsets);
 
-  // The slot of a resident row, without counting a lookup or touching recency (refill uses it).
-  std::optional<uint64_t> Peek(uint32_t table_id, uint64_t row) const;
+  // Bytes of one row of a table; nullopt for an unknown table.
+  std::optional<uint32_t> RowBytes(uint32_t table_id) const;
+  // Slots rows of `table_id` can take now without evicting anything: unused and freed slots on
+  // pages of its row size, plus a page's worth for every page the budget and the pool still
+  // allow (tables of other row sizes compete for those pages). 0 for an unknown table.
+  uint64_t FreeSlots(uint32_t table_id) const;
+
+  // Two-phase admission (see the header comment). Reserves a pending slot for every row of one
+  // table that is neither resident nor pending; resident rows keep their slot (recency refreshed).
+  // Same slot rules and batch guarantee as InsertBatch. The caller deduplicates `rows`. On
+  // RESOURCE_EXHAUSTED, `out` describes the rows before the one that failed (their reservations
+  // stand and must be committed or aborted); INVALID_ARGUMENT for an unknown table.
+  absl::Status ReserveBatch(uint32_t table_id, std::span<const uint64_t> rows, EmbReservation* out);
+  // Makes pending rows visible once their bytes have landed. FAILED_PRECONDITION when some row
+  // was not pending (the others are still committed); INVALID_ARGUMENT for an unknown table.
+  absl::Status Commit(uint32_t table_id, std::span<const uint64_t> rows);
+  // Drops pending rows whose copy failed and frees their slots. Errors as Commit.
+  absl::Status Abort(uint32_t table_id, std::span<const uint64_t> rows);
+
+  // The slot of a resident or pending row, without counting a lookup or touching recency (refill
+  // uses it); *pending (when not null) says which.
+  std::optional<uint64_t> Peek(uint32_t table_id, uint64_t row, bool* pending = nullptr) const;
 
   // Sets the page budget. When the cache holds more pages, the coldest are given back at once, as
   // by Shrink; their ids are appended to `freed` when it is not null.
@@ -180,8 +234,20 @@ class EmbCache {
 
   EmbCache(const EmbCacheOptions& options, HbmPool& pool, Clock& clock);
 
-  absl::StatusOr<uint64_t> InsertLocked(uint32_t cls, uint32_t table_id, uint64_t row, bool detach)
+  // How InsertLocked admits a new row: visible, visible but detached for the rest of a batch, or
+  // pending (flagged detached, outside the policy until Commit).
+  enum class Admit : uint8_t { kVisible, kBatch, kPending };
+  // Admits a row, or finds it; *was_pending (may be null) says the row was already pending.
+  absl::StatusOr<uint64_t> InsertLocked(uint32_t cls, uint32_t table_id, uint64_t row, Admit mode,
+                                        bool* was_pending = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reattaches the entries an InsertBatch / ReserveBatch detached.
+  void AttachBatchLocked(uint32_t cls) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The pending entry of (table, row), or kNil.
+  uint32_t PendingEntryLocked(uint32_t table_id, uint64_t row) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Gives back pages over budget that no reservation pins.
+  void GiveBackExcessLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A free slot of class `cls`: fills *page and *slot. RESOURCE_EXHAUSTED when none.
   absl::Status TakeSlotLocked(uint32_t cls, PageId* page, uint32_t* slot)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -193,6 +259,9 @@ class EmbCache {
   void FlushStaleFoundLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropPageLocked(PageId page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint32_t ShrinkLocked(uint32_t n_pages, std::vector<PageId>* freed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops up to `n_pages` of the coldest held pages without pending entries; returns how many.
+  uint32_t GiveBackLocked(uint32_t n_pages, std::vector<PageId>* freed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TouchPageLocked(PageId page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint32_t PageHeatLocked(const PageMeta& meta) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -220,6 +289,9 @@ class EmbCache {
   uint32_t budget_pages_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t live_entries_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t stale_entries_ ABSL_GUARDED_BY(mu_) = 0;
+  // Pending entries. Between calls an entry is detached exactly when it is pending, so the hot
+  // path tests `detached`; inside a batch this set tells pending entries from the batch's own.
+  absl::flat_hash_set<uint32_t> reserved_ ABSL_GUARDED_BY(mu_);
   uint32_t sweep_pos_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t ticks_ ABSL_GUARDED_BY(mu_) = 0;             // accesses, for page recency
   uint32_t heat_epoch_ ABSL_GUARDED_BY(mu_) = 0;        // page heat halves every epoch

@@ -1,0 +1,162 @@
+// EmbCache's two-phase admission: ReserveBatch / Commit / Abort, and Peek.
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "serving_node/core/emb_cache.h"
+#include "serving_node/core/emb_cache_internal.h"
+
+namespace hlem::serving {
+
+absl::Status EmbCache::ReserveBatch(uint32_t table_id, std::span<const uint64_t> rows,
+                                    EmbReservation* out) {
+  absl::MutexLock lock(&mu_);
+  out->offsets.clear();
+  out->reserved_positions.clear();
+  auto cit = table_class_.find(table_id);
+  if (cit == table_class_.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("EmbCache::ReserveBatch: unknown table ", table_id));
+  }
+  scratch_.clear();
+  absl::Status status;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const uint64_t entries_before = stats_.reserved;
+    bool was_pending = false;
+    absl::StatusOr<uint64_t> offset =
+        InsertLocked(cit->second, table_id, rows[i], Admit::kPending, &was_pending);
+    if (!offset.ok()) {
+      status = offset.status();
+      break;
+    }
+    out->offsets.push_back(was_pending ? kEmbMiss : *offset);
+    if (stats_.reserved != entries_before) {
+      out->reserved_positions.push_back(static_cast<uint32_t>(i));
+    }
+  }
+  AttachBatchLocked(cit->second);
+  UpkeepLocked();
+  return status;
+}
+
+uint32_t EmbCache::PendingEntryLocked(uint32_t table_id, uint64_t row) const {
+  auto it = index_.find(Key{table_id, row});
+  if (it == index_.end() || !reserved_.contains(it->second)) return kNil;
+  return it->second;
+}
+
+absl::Status EmbCache::Commit(uint32_t table_id, std::span<const uint64_t> rows) {
+  absl::MutexLock lock(&mu_);
+  auto cit = table_class_.find(table_id);
+  if (cit == table_class_.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("EmbCache::Commit: unknown table ", table_id));
+  }
+  EmbReplacementPolicy& policy = *classes_[cit->second].policy;
+  uint64_t not_pending = 0;
+  for (uint64_t row : rows) {
+    const EntryId e = PendingEntryLocked(table_id, row);
+    if (e == kNil) {
+      ++not_pending;
+      continue;
+    }
+    reserved_.erase(e);
+    EmbEntry& x = store_->entries[e];
+    x.detached = false;
+    policy.Insert(e);  // a pending entry is not in the policy until now
+    FlushStaleFoundLocked();
+    PageMeta& pm = pages_[x.page];
+    --pm.pending;
+    const Key shard = ShardKey(table_id, row);
+    ++pm.shards[shard];
+    ++resident_[shard];
+    ++stats_.inserts;
+    ++stats_.committed;
+  }
+  GiveBackExcessLocked();
+  UpkeepLocked();
+  if (not_pending > 0) {
+    return absl::FailedPreconditionError(absl::StrCat("EmbCache::Commit: ", not_pending, " of ",
+                                                      rows.size(), " rows were not pending"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EmbCache::Abort(uint32_t table_id, std::span<const uint64_t> rows) {
+  absl::MutexLock lock(&mu_);
+  auto cit = table_class_.find(table_id);
+  if (cit == table_class_.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("EmbCache::Abort: unknown table ", table_id));
+  }
+  SizeClass& c = classes_[cit->second];
+  uint64_t not_pending = 0;
+  for (uint64_t row : rows) {
+    const EntryId e = PendingEntryLocked(table_id, row);
+    if (e == kNil) {
+      ++not_pending;
+      continue;
+    }
+    reserved_.erase(e);
+    const EmbEntry& x = store_->entries[e];
+    const PageId page = x.page;
+    PageMeta& pm = pages_[page];
+    --pm.pending;
+    --pm.live;
+    --live_entries_;
+    pm.holes.push_back(x.slot);
+    if (pm.open_pos == kNotOpen) {
+      pm.open_pos = static_cast<uint32_t>(c.open.size());
+      c.open.push_back(page);
+    }
+    index_.erase(Key{table_id, row});
+    store_->Release(e);
+    ++stats_.aborted;
+  }
+  GiveBackExcessLocked();
+  UpkeepLocked();
+  if (not_pending > 0) {
+    return absl::FailedPreconditionError(absl::StrCat("EmbCache::Abort: ", not_pending, " of ",
+                                                      rows.size(), " rows were not pending"));
+  }
+  return absl::OkStatus();
+}
+
+void EmbCache::GiveBackExcessLocked() {
+  if (held_.size() > budget_pages_) {
+    GiveBackLocked(static_cast<uint32_t>(held_.size()) - budget_pages_, nullptr);
+  }
+}
+
+std::optional<uint32_t> EmbCache::RowBytes(uint32_t table_id) const {
+  absl::MutexLock lock(&mu_);
+  auto cit = table_class_.find(table_id);
+  if (cit == table_class_.end()) return std::nullopt;
+  return classes_[cit->second].row_bytes;
+}
+
+uint64_t EmbCache::FreeSlots(uint32_t table_id) const {
+  absl::MutexLock lock(&mu_);
+  auto cit = table_class_.find(table_id);
+  if (cit == table_class_.end()) return 0;
+  const SizeClass& c = classes_[cit->second];
+  uint64_t slots = 0;
+  for (PageId p : c.open) slots += c.slots_per_page - pages_[p].used + pages_[p].holes.size();
+  if (budget_pages_ > held_.size()) {
+    slots += uint64_t{std::min<uint32_t>(budget_pages_ - static_cast<uint32_t>(held_.size()),
+                                         pool_.free_pages())} *
+             c.slots_per_page;
+  }
+  return slots;
+}
+
+std::optional<uint64_t> EmbCache::Peek(uint32_t table_id, uint64_t row, bool* pending) const {
+  absl::MutexLock lock(&mu_);
+  auto cit = table_class_.find(table_id);
+  if (cit == table_class_.end()) return std::nullopt;
+  auto it = index_.find(Key{table_id, row});
+  if (it == index_.end() || store_->IsStale(it->second)) return std::nullopt;
+  const EmbEntry& x = store_->entries[it->second];
+  if (pending != nullptr) *pending = x.detached;  // between calls: detached == pending
+  return SlotOffset(x.page, x.slot, classes_[cit->second].row_bytes);
+}
+
+}  // namespace hlem::serving
