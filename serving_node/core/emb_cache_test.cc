@@ -1,4 +1,5 @@
 #include "serving_node/core/emb_cache.h"
+#include "serving_node/core/emb_cache_testing.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -22,22 +23,9 @@ namespace {
 using ::testing::TestWithParam;
 using ::testing::Values;
 
-std::unique_ptr<HbmPool> MakePool(uint32_t pages, uint64_t page_bytes) {
-  return *HbmPool::Create({.pool_bytes = pages * page_bytes, .page_bytes = page_bytes});
-}
-
-std::unique_ptr<EmbCache> MakeCache(HbmPool& pool, Clock& clock, EmbCacheOptions options) {
-  auto cache = EmbCache::Create(options, pool, clock);
-  EXPECT_TRUE(cache.ok()) << cache.status();
-  return std::move(cache).value();
-}
-
-EmbCacheOptions OneTable(uint32_t row_bytes, uint32_t budget, EmbPolicy policy = EmbPolicy::kLru) {
-  return {.tables = {{.table_id = 0, .row_bytes = row_bytes}},
-          .residency_shard_rows = 4,
-          .policy = policy,
-          .budget_pages = budget};
-}
+using testing::MakeCache;
+using testing::MakePool;
+using testing::OneTable;
 
 uint64_t MustInsert(EmbCache& cache, uint32_t table, uint64_t row) {
   absl::StatusOr<uint64_t> off = cache.Insert(table, row);
