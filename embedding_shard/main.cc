@@ -1,8 +1,6 @@
 // embedding_shard: serves one shard of the embedding tables over UCX (data plane) and gRPC.
 // Wiring only: flags, config, UCX memory, store, services, metrics, signals.
 
-#include <unistd.h>
-
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <fstream>
@@ -13,7 +11,6 @@
 #include "common/grpc_server.h"
 #include "common/logging.h"
 #include "common/metrics.h"
-#include "common/rng.h"
 #include "embedding_shard/core/shard_config.h"
 #include "embedding_shard/core/shard_store.h"
 #include "embedding_shard/service/shard_metrics.h"
@@ -91,9 +88,9 @@ int main(int argc, char** argv) {
     exposer = std::move(*created);
   }
 
-  // The incarnation changes with every start, so clients can tell a restarted shard.
-  const uint64_t incarnation =
-      hlem::KeyedHash(static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())), getpid());
+  // The incarnation changes with every start (start time in ns: increasing across restarts), so
+  // clients can tell a restarted shard.
+  const uint64_t incarnation = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
   hlem::shard::ShardServiceImpl service(**store, ucx ? &ucx->info() : nullptr, incarnation,
                                         metrics);
   hlem::GrpcServerOptions server_options;
