@@ -24,13 +24,17 @@ class Condition {
   template <typename T>
   Condition(bool (*f)(T*), T* arg) : fn_([f, arg] { return f(arg); }) {}
   bool Eval() const { return fn_(); }
+
  private:
   std::function<bool()> fn_;
 };
 class ABSL_LOCKABLE Mutex {
  public:
   void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() { mu_.lock(); }
-  void Unlock() ABSL_UNLOCK_FUNCTION() { mu_.unlock(); cv_.notify_all(); }
+  void Unlock() ABSL_UNLOCK_FUNCTION() {
+    mu_.unlock();
+    cv_.notify_all();
+  }
   void ReaderLock() ABSL_SHARED_LOCK_FUNCTION() { Lock(); }
   void ReaderUnlock() ABSL_UNLOCK_FUNCTION() { Unlock(); }
   void AssertHeld() const ABSL_ASSERT_EXCLUSIVE_LOCK() {}
@@ -47,6 +51,7 @@ class ABSL_LOCKABLE Mutex {
     l.release();
     return ok;
   }
+
  private:
   std::mutex mu_;
   std::condition_variable cv_;
@@ -55,6 +60,7 @@ class ABSL_SCOPED_LOCKABLE MutexLock {
  public:
   explicit MutexLock(Mutex* mu) ABSL_EXCLUSIVE_LOCK_FUNCTION(mu) : mu_(mu) { mu_->Lock(); }
   ~MutexLock() ABSL_UNLOCK_FUNCTION() { mu_->Unlock(); }
+
  private:
   Mutex* mu_;
 };
