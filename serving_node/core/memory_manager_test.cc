@@ -8,6 +8,7 @@
 #include "common/clock.h"
 #include "common/rng.h"
 #include "gtest/gtest.h"
+#include "serving_node/core/window_stats.h"
 #include "serving_node/device/cpu_device.h"
 
 namespace hlem::serving {
@@ -183,6 +184,30 @@ TEST_F(MemoryManagerTest, TimerDrivenStepsConvergeOnTheClock) {
   EXPECT_TRUE(s.converged);
   EXPECT_EQ(s.last_convergence, absl::Milliseconds(20));  // 4 steps of 10 pages, 5 ms apart
   manager_->Stop();
+}
+
+TEST_F(MemoryManagerTest, WindowCountersSampleTheRealSources) {
+  WindowAggregator windows;
+  windows.Start(ReadMemoryCounters(*kv_, *emb_, *manager_, nullptr, *device_, clock_.Now()));
+  for (uint64_t u = 0; u < 4; ++u) ASSERT_TRUE(Grow(u, 40).ok());  // 4 lookups, all cold
+  std::vector<uint64_t> history(40);
+  for (size_t i = 0; i < history.size(); ++i) history[i] = Token(1, i);
+  kv_->Lookup(1, history);  // a returning user: 40 of 40 tokens reused
+  FillEmb(16);
+  EmbLookupResult r;
+  std::vector<uint64_t> rows = {0, 1, 2, 100};  // 3 hits, 1 miss
+  ASSERT_TRUE(emb_->Lookup(0, rows, &r).ok());
+  clock_.AdvanceBy(absl::Seconds(5));
+  MemoryWindow w =
+      windows.Close(ReadMemoryCounters(*kv_, *emb_, *manager_, nullptr, *device_, clock_.Now()));
+  EXPECT_EQ(w.kv_requests, 5u);
+  EXPECT_DOUBLE_EQ(w.kv_user_hit_rate, 1.0 / 5);
+  EXPECT_DOUBLE_EQ(w.kv_hit_rate, 1.0);  // Grow looked up empty prefixes: 40 of 40 tokens
+  EXPECT_DOUBLE_EQ(w.emb_hit_rate, 3.0 / 4);
+  EXPECT_EQ(w.kv_bytes, uint64_t{pool_->pages_owned(PageOwner::kKv)} * kPageBytes);
+  EXPECT_EQ(w.emb_bytes, uint64_t{pool_->pages_owned(PageOwner::kEmb)} * kPageBytes);
+  EXPECT_DOUBLE_EQ(w.alpha_target, 0.5);
+  EXPECT_GT(w.link_utilisation, 0.0);  // the KV copies crossed the emulated link
 }
 
 TEST_F(MemoryManagerTest, RandomAlphaChangesKeepBudgetsAndKvBytes) {
