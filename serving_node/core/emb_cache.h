@@ -71,6 +71,7 @@
 #include "common/clock.h"
 #include "serving_node/core/emb_replacement_policy.h"
 #include "serving_node/core/hbm_pool.h"
+#include "serving_node/core/table_key.h"
 
 namespace hlem::serving {
 
@@ -221,15 +222,7 @@ class EmbCache {
  private:
   struct SizeClass;
   struct PageMeta;
-  struct Key {
-    uint32_t table_id;
-    uint64_t row;
-    bool operator==(const Key&) const = default;
-    template <typename H>
-    friend H AbslHashValue(H h, const Key& k) {
-      return H::combine(std::move(h), k.table_id, k.row);
-    }
-  };
+  using Key = TableKey;
   using ShardCounts = absl::flat_hash_map<Key, uint32_t>;  // (table, shard) -> rows
 
   EmbCache(const EmbCacheOptions& options, HbmPool& pool, Clock& clock);

@@ -64,8 +64,8 @@ absl::Status EmbCache::CheckInvariants() const {
   for (const auto& [key, e] : index_) {
     const EmbEntry& x = store_->entries[e];
     const bool is_pending = reserved_.contains(e);
-    if (!x.in_use || x.table_id != key.table_id || x.row != key.row || x.detached != is_pending) {
-      return fail("index entry (", key.table_id, ",", key.row, ") -> bad entry ", e);
+    if (!x.in_use || x.table_id != key.table_id || x.row != key.id || x.detached != is_pending) {
+      return fail("index entry (", key.table_id, ",", key.id, ") -> bad entry ", e);
     }
     if (store_->IsStale(e)) {
       if (is_pending) return fail("pending entry ", e, " is stale");

@@ -28,6 +28,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "serving_node/core/table_key.h"
 
 namespace hlem::serving {
 
@@ -75,15 +76,7 @@ class PopularitySketch {
     double count;
     double error;
   };
-  struct Key {
-    uint32_t table_id;
-    uint64_t row;
-    bool operator==(const Key&) const = default;
-    template <typename H>
-    friend H AbslHashValue(H h, const Key& k) {
-      return H::combine(std::move(h), k.table_id, k.row);
-    }
-  };
+  using Key = TableKey;
 
   explicit PopularitySketch(const PopularityOptions& options);
   bool Sampled();

@@ -48,7 +48,7 @@ uint32_t ResidencyTracker::CloseWindow() {
     absl::MutexLock lock(&mu_);
     for (auto it = shards_.begin(); it != shards_.end();) {
       ShardState& s = it->second;
-      const uint64_t held = cache_.ResidentRows(it->first.table_id, it->first.shard);
+      const uint64_t held = cache_.ResidentRows(it->first.table_id, it->first.id);
       const bool resident =
           s.total > 0 && static_cast<double>(held) >= options_.threshold * s.total;
       if (resident != s.resident) {
@@ -57,7 +57,7 @@ uint32_t ResidencyTracker::CloseWindow() {
         e.kind = resident ? ResidencyEvent::Kind::kEmbShardResident
                           : ResidencyEvent::Kind::kEmbShardEvicted;
         e.table_id = it->first.table_id;
-        e.shard = it->first.shard;
+        e.shard = it->first.id;
         changes.push_back(e);
       }
       ++it;
@@ -102,7 +102,7 @@ std::vector<ResidentShard> ResidencyTracker::ResidentShards() const {
   absl::MutexLock lock(&mu_);
   std::vector<ResidentShard> out;
   for (const auto& [key, s] : shards_) {
-    if (s.resident) out.push_back(ResidentShard{key.table_id, key.shard});
+    if (s.resident) out.push_back(ResidentShard{key.table_id, key.id});
   }
   return out;
 }

@@ -23,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "serving_node/core/emb_cache.h"
 #include "serving_node/core/residency_events.h"
+#include "serving_node/core/table_key.h"
 
 namespace hlem::serving {
 
@@ -53,24 +54,8 @@ class ResidencyTracker {
   std::vector<ResidentShard> ResidentShards() const;  // as of the last CloseWindow
 
  private:
-  struct ShardKey {
-    uint32_t table_id;
-    uint64_t shard;
-    bool operator==(const ShardKey&) const = default;
-    template <typename H>
-    friend H AbslHashValue(H h, const ShardKey& k) {
-      return H::combine(std::move(h), k.table_id, k.shard);
-    }
-  };
-  struct RowKey {
-    uint32_t table_id;
-    uint64_t row;
-    bool operator==(const RowKey&) const = default;
-    template <typename H>
-    friend H AbslHashValue(H h, const RowKey& k) {
-      return H::combine(std::move(h), k.table_id, k.row);
-    }
-  };
+  using ShardKey = TableKey;  // (table, residency shard)
+  using RowKey = TableKey;    // (table, row)
   struct ShardState {
     std::vector<uint32_t> per_window;  // distinct rows last seen in each window slot
     uint64_t total = 0;                // sum of per_window
