@@ -57,6 +57,7 @@
 // Thread-safe: one mutex around every call.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -237,6 +238,10 @@ class EmbCache {
   // Reattaches the entries an InsertBatch / ReserveBatch detached.
   void AttachBatchLocked(uint32_t cls) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The pending entry of (table, row), or kNil.
+  // Commit / Abort: looks up the table, calls fn(size class, entry) under the lock for each row
+  // that is pending (taken out of the reservations), counts the others; `op` names the caller.
+  absl::Status ResolvePending(const char* op, uint32_t table_id, std::span<const uint64_t> rows,
+                              const std::function<void(uint32_t cls, uint32_t e)>& fn);
   uint32_t PendingEntryLocked(uint32_t table_id, uint64_t row) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Gives back pages over budget that no reservation pins.

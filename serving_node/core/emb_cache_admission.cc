@@ -1,6 +1,7 @@
 // EmbCache's two-phase admission: ReserveBatch / Commit / Abort, and Peek.
 
 #include <algorithm>
+#include <functional>
 
 #include "absl/strings/str_cat.h"
 #include "serving_node/core/emb_cache.h"
@@ -45,13 +46,14 @@ uint32_t EmbCache::PendingEntryLocked(uint32_t table_id, uint64_t row) const {
   return it->second;
 }
 
-absl::Status EmbCache::Commit(uint32_t table_id, std::span<const uint64_t> rows) {
+absl::Status EmbCache::ResolvePending(const char* op, uint32_t table_id,
+                                      std::span<const uint64_t> rows,
+                                      const std::function<void(uint32_t cls, uint32_t e)>& fn) {
   absl::MutexLock lock(&mu_);
   auto cit = table_class_.find(table_id);
   if (cit == table_class_.end()) {
-    return absl::InvalidArgumentError(absl::StrCat("EmbCache::Commit: unknown table ", table_id));
+    return absl::InvalidArgumentError(absl::StrCat("EmbCache::", op, ": unknown table ", table_id));
   }
-  EmbReplacementPolicy& policy = *classes_[cit->second].policy;
   uint64_t not_pending = 0;
   for (uint64_t row : rows) {
     const EntryId e = PendingEntryLocked(table_id, row);
@@ -60,64 +62,53 @@ absl::Status EmbCache::Commit(uint32_t table_id, std::span<const uint64_t> rows)
       continue;
     }
     reserved_.erase(e);
-    EmbEntry& x = store_->entries[e];
-    x.detached = false;
-    policy.Insert(e);  // a pending entry is not in the policy until now
-    FlushStaleFoundLocked();
-    PageMeta& pm = pages_[x.page];
-    --pm.pending;
-    const Key shard = ShardKey(table_id, row);
-    ++pm.shards[shard];
-    ++resident_[shard];
-    ++stats_.inserts;
-    ++stats_.committed;
+    fn(cit->second, e);
   }
   GiveBackExcessLocked();
   UpkeepLocked();
   if (not_pending > 0) {
-    return absl::FailedPreconditionError(absl::StrCat("EmbCache::Commit: ", not_pending, " of ",
+    return absl::FailedPreconditionError(absl::StrCat("EmbCache::", op, ": ", not_pending, " of ",
                                                       rows.size(), " rows were not pending"));
   }
   return absl::OkStatus();
 }
 
+absl::Status EmbCache::Commit(uint32_t table_id, std::span<const uint64_t> rows) {
+  return ResolvePending(
+      "Commit", table_id, rows, [&](uint32_t cls, EntryId e) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        EmbEntry& x = store_->entries[e];
+        x.detached = false;
+        classes_[cls].policy->Insert(e);  // a pending entry is not in the policy until now
+        FlushStaleFoundLocked();
+        PageMeta& pm = pages_[x.page];
+        --pm.pending;
+        const Key shard = ShardKey(x.table_id, x.row);
+        ++pm.shards[shard];
+        ++resident_[shard];
+        ++stats_.inserts;
+        ++stats_.committed;
+      });
+}
+
 absl::Status EmbCache::Abort(uint32_t table_id, std::span<const uint64_t> rows) {
-  absl::MutexLock lock(&mu_);
-  auto cit = table_class_.find(table_id);
-  if (cit == table_class_.end()) {
-    return absl::InvalidArgumentError(absl::StrCat("EmbCache::Abort: unknown table ", table_id));
-  }
-  SizeClass& c = classes_[cit->second];
-  uint64_t not_pending = 0;
-  for (uint64_t row : rows) {
-    const EntryId e = PendingEntryLocked(table_id, row);
-    if (e == kNil) {
-      ++not_pending;
-      continue;
-    }
-    reserved_.erase(e);
-    const EmbEntry& x = store_->entries[e];
-    const PageId page = x.page;
-    PageMeta& pm = pages_[page];
-    --pm.pending;
-    --pm.live;
-    --live_entries_;
-    pm.holes.push_back(x.slot);
-    if (pm.open_pos == kNotOpen) {
-      pm.open_pos = static_cast<uint32_t>(c.open.size());
-      c.open.push_back(page);
-    }
-    index_.erase(Key{table_id, row});
-    store_->Release(e);
-    ++stats_.aborted;
-  }
-  GiveBackExcessLocked();
-  UpkeepLocked();
-  if (not_pending > 0) {
-    return absl::FailedPreconditionError(absl::StrCat("EmbCache::Abort: ", not_pending, " of ",
-                                                      rows.size(), " rows were not pending"));
-  }
-  return absl::OkStatus();
+  return ResolvePending("Abort", table_id, rows,
+                        [&](uint32_t cls, EntryId e) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                          SizeClass& c = classes_[cls];
+                          const EmbEntry& x = store_->entries[e];
+                          const PageId page = x.page;
+                          PageMeta& pm = pages_[page];
+                          --pm.pending;
+                          --pm.live;
+                          --live_entries_;
+                          pm.holes.push_back(x.slot);
+                          if (pm.open_pos == kNotOpen) {
+                            pm.open_pos = static_cast<uint32_t>(c.open.size());
+                            c.open.push_back(page);
+                          }
+                          index_.erase(Key{x.table_id, x.row});
+                          store_->Release(e);
+                          ++stats_.aborted;
+                        });
 }
 
 void EmbCache::GiveBackExcessLocked() {
