@@ -36,6 +36,7 @@
 #include "absl/strings/str_format.h"
 #include "benchmark/benchmark.h"
 #include "common/clock.h"
+#include "common/huge_pages.h"
 #include "common/rng.h"
 #include "common/zipf.h"
 #include "serving_node/core/emb_cache.h"
@@ -108,7 +109,7 @@ struct HitWorld {
   uint32_t row_bytes = 0;
   uint64_t rows = 0;
   std::vector<uint64_t> ids;
-  std::unique_ptr<std::byte[]> flat;
+  HugePageBuffer flat;                     // huge pages, as the cpu device's arena
   std::unique_ptr<CachedTable> cached[2];  // by EmbPolicy
 };
 
@@ -176,7 +177,7 @@ absl::StatusOr<std::unique_ptr<HitWorld>> BuildHitWorld(const Sizes& sz, uint32_
   w->ids.resize(sz.zipf_ids);
   // Zipf ranks are scattered over the table by a hash of the rank (as shard_fetch_benchmark does).
   for (uint64_t& id : w->ids) id = Mix64(zipf(rng) ^ kSeed) % w->rows;
-  w->flat.reset(new std::byte[w->rows * row_bytes]);
+  w->flat = MakeHugePageBuffer(w->rows * row_bytes);
   for (uint64_t r = 0; r < w->rows; ++r) WriteRow(w->flat.get() + r * row_bytes, r, row_bytes);
   std::vector<std::byte> out(size_t{kBatch} * row_bytes);
   serving::EmbLookupResult result;

@@ -29,6 +29,10 @@ absl::StatusOr<std::unique_ptr<EmbCache>> EmbCache::Create(const EmbCacheOptions
                        " must be in 1 .. page_bytes (", pool.page_bytes(), ")"));
     }
   }
+  if (!(options.promotion_window >= 0 && options.promotion_window <= 0.5)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "emb_cache.promotion_window: ", options.promotion_window, " must be in [0, 0.5]"));
+  }
   if (options.residency_shard_rows == 0) {
     return absl::InvalidArgumentError("emb_cache.residency_shard_rows: must be positive");
   }
@@ -53,7 +57,7 @@ EmbCache::EmbCache(const EmbCacheOptions& options, HbmPool& pool, Clock& clock)
       c.slots_per_page = static_cast<uint32_t>(pool.page_bytes() / t.row_bytes);
       c.policy = MakeEmbReplacementPolicy(options.policy, *store_, pool.num_pages(),
                                           uint64_t{pool.num_pages()} * c.slots_per_page,
-                                          options.sketch_width);
+                                          options.sketch_width, options.promotion_window);
       classes_.push_back(std::move(c));
     }
     table_class_[t.table_id] = cls;
@@ -73,16 +77,38 @@ absl::Status EmbCache::Lookup(uint32_t table_id, std::span<const uint64_t> rows,
     return absl::InvalidArgumentError(absl::StrCat("EmbCache::Lookup: unknown table ", table_id));
   }
   SizeClass& c = classes_[cit->second];
-  const bool record = policy_kind_ == EmbPolicy::kTinyLfu;
-  out->offsets.resize(rows.size());
+  const size_t n = rows.size();
+  out->offsets.resize(n);
   out->miss_positions.clear();
   out->pending_positions.clear();
   out->hits = 0;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    if (record) c.policy->RecordAccess(EmbKeyHash(table_id, rows[i]));
+  if (policy_kind_ == EmbPolicy::kTinyLfu) {
+    scratch_hashes_.resize(n);
+    for (size_t i = 0; i < n; ++i) scratch_hashes_[i] = EmbKeyHash(table_id, rows[i]);
+    c.policy->RecordAccesses(scratch_hashes_);
+  }
+  // Pass 1 probes the index with the probe of row i + kProbeAhead in flight, and prefetches the
+  // entry each probe finds, so that the random reads of a batch overlap instead of stalling one
+  // after the other (a batch of cold rows is a chain of cache misses otherwise).
+  constexpr size_t kProbeAhead = 12;
+  scratch_found_.resize(n);
+  for (size_t i = 0; i < std::min(n, kProbeAhead); ++i) index_.prefetch(Key{table_id, rows[i]});
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kProbeAhead < n) index_.prefetch(Key{table_id, rows[i + kProbeAhead]});
     auto it = index_.find(Key{table_id, rows[i]});
-    if (it != index_.end()) {
-      EntryId e = it->second;
+    EntryId e = it == index_.end() ? kNil : it->second;
+    scratch_found_[i] = e;
+    if (e != kNil) {
+      const char* x = reinterpret_cast<const char*>(&store_->entries[e]);
+      __builtin_prefetch(x);
+      __builtin_prefetch(x + kEmbEntryHotBytes - 1);
+    }
+  }
+  // Pass 2 serves the hits. An entry pass 1 found may have been dropped since as stale, when the
+  // batch repeats its row (no call below allocates an entry, so a dropped id stays unused).
+  for (size_t i = 0; i < n; ++i) {
+    EntryId e = scratch_found_[i];
+    if (e != kNil && store_->entries[e].in_use) {
       if (!store_->IsStale(e)) {
         const EmbEntry& x = store_->entries[e];
         if (x.detached) {  // pending: its bytes are still in flight

@@ -39,7 +39,8 @@
 // from the totals before ResidentRows answers (and a few at a time on every insert), so the
 // answer is always exact.
 //
-// Policies. kLru: one LRU list per size class. kTinyLfu: W-TinyLFU (Einziger et al., 2017): a 1%
+// Policies. kLru: one LRU list per size class (hits within the promotion window are not relinked,
+// see EmbCacheOptions::promotion_window). kTinyLfu: W-TinyLFU (Einziger et al., 2017): a 1%
 // LRU admission window in front of a segmented LRU (20% probation, 80% protected); when the window
 // overflows, its oldest entry enters the main cache only if a count-min sketch of recent lookups
 // says it is more frequent than the main cache's victim. Every lookup and insert is O(1)
@@ -70,6 +71,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/huge_pages.h"
 #include "serving_node/core/emb_replacement_policy.h"
 #include "serving_node/core/hbm_pool.h"
 #include "serving_node/core/table_key.h"
@@ -86,9 +88,18 @@ struct EmbCacheOptions {
   uint64_t residency_shard_rows = 4096;  // rows per residency shard (ARCHITECTURE §7)
   EmbPolicy policy = EmbPolicy::kLru;
   uint32_t budget_pages = 0;  // initial budget; SetBudgetPages moves it
-  // kTinyLfu: counters per row of the count-min sketch, rounded up to a power of two. 0: one per
-  // slot the pool could hold for the size class, clamped to [1024, 2^22].
+  // kTinyLfu: the count-min sketch's size in keys (16 one-byte counters each; rounded up to a
+  // power of two; the counts halve every 10 × sketch_width lookups). 0: one per slot the pool
+  // could hold for the size class, clamped to [1024, 2^22].
   uint32_t sketch_width = 0;
+  // A hit moves its entry to the most recent end of its list only when at least
+  // promotion_window × (the list's capacity) entries were put there since the entry last was;
+  // otherwise the entry is among that many most recent ones already and stays put, and the hit
+  // writes nothing but the entry's page heat (no relinking of list neighbours, which on a large
+  // cache are cold cache lines). An entry is thus never evicted before (1 - promotion_window) ×
+  // capacity admissions and promotions followed its last hit: LRU of a slightly smaller
+  // capacity at worst. 0: exact LRU order. In [0, 0.5].
+  double promotion_window = 1.0 / 16;
 };
 
 // Pool byte offset returned for a miss.
@@ -281,7 +292,10 @@ class EmbCache {
   std::vector<PageMeta> pages_ ABSL_GUARDED_BY(mu_);  // by PageId, all pool pages
   std::vector<PageId> held_ ABSL_GUARDED_BY(mu_);     // pages held, any order
   std::unique_ptr<EmbEntryStore> store_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<Key, uint32_t> index_ ABSL_GUARDED_BY(mu_);  // (table, row) -> entry
+  // (table, row) -> entry; on huge pages (random probes of a table of hundreds of MB).
+  absl::flat_hash_map<Key, uint32_t, absl::Hash<Key>, std::equal_to<Key>,
+                      HugePageAllocator<std::pair<const Key, uint32_t>>>
+      index_ ABSL_GUARDED_BY(mu_);
   ShardCounts resident_ ABSL_GUARDED_BY(mu_);
   std::vector<ShardCounts> pending_ ABSL_GUARDED_BY(mu_);  // counts of shrunk pages to subtract
   uint32_t budget_pages_ ABSL_GUARDED_BY(mu_) = 0;
@@ -296,6 +310,8 @@ class EmbCache {
   uint64_t epoch_ticks_ ABSL_GUARDED_BY(mu_) = 0;       // accesses in the current epoch
   std::vector<uint32_t> scratch_ ABSL_GUARDED_BY(mu_);  // entries detached by an InsertBatch
   std::vector<uint32_t> scratch_stale_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint32_t> scratch_found_ ABSL_GUARDED_BY(mu_);   // Lookup: entry per position
+  std::vector<uint64_t> scratch_hashes_ ABSL_GUARDED_BY(mu_);  // Lookup: sketch key per position
   EmbCacheStats stats_ ABSL_GUARDED_BY(mu_);
 };
 

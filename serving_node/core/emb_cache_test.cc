@@ -15,11 +15,13 @@
 #include "common/clock.h"
 #include "common/rng.h"
 #include "common/zipf.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace hlem::serving {
 namespace {
 
+using ::testing::HasSubstr;
 using ::testing::TestWithParam;
 using ::testing::Values;
 
@@ -202,6 +204,48 @@ TEST(EmbCacheTest, LruOrderUnderPressure) {
   EXPECT_TRUE(cache->CheckInvariants().ok()) << cache->CheckInvariants();
 }
 
+// A hit within the promotion window leaves the entry where it is, at most `window` entries from
+// the most recent end, so it outlives at least capacity - window later admissions; a hit outside
+// the window promotes. promotion_window 0 is exact LRU.
+TEST(EmbCacheTest, PromotionWindowBoundsTheLruApproximation) {
+  for (double window : {0.0, 1.0 / 16}) {
+    SCOPED_TRACE(window);
+    SimClock clock;
+    auto pool = MakePool(2, 64 * 256);
+    EmbCacheOptions options = OneTable(256, 1);  // one page of 64 slots: window 4 entries
+    options.promotion_window = window;
+    auto cache = MakeCache(*pool, clock, options);
+    for (uint64_t r = 0; r < 64; ++r) MustInsert(*cache, 0, r);
+    ASSERT_NE(LookupOne(*cache, 0, 62), kEmbMiss);  // 1 push ago: inside a window of 4
+    ASSERT_NE(LookupOne(*cache, 0, 0), kEmbMiss);   // 63 pushes ago: promoted either way
+    // 61 admissions evict the 61 oldest: rows 1..61.
+    for (uint64_t r = 100; r < 161; ++r) MustInsert(*cache, 0, r);
+    // Peek: no recency change while checking.
+    for (uint64_t r = 1; r < 62; ++r) ASSERT_FALSE(cache->Peek(0, r).has_value()) << r;
+    EXPECT_TRUE(cache->Peek(0, 62).has_value());  // survived >= 64 - 4 admissions after its hit
+    EXPECT_TRUE(cache->Peek(0, 63).has_value());
+    EXPECT_TRUE(cache->Peek(0, 0).has_value());
+    // Exact LRU moved 62 ahead of 63, so 63 goes next; in the window 62 stayed behind 63.
+    MustInsert(*cache, 0, 200);
+    EXPECT_EQ(cache->Peek(0, 62).has_value(), window == 0);
+    EXPECT_EQ(cache->Peek(0, 63).has_value(), window != 0);
+    EXPECT_TRUE(cache->CheckInvariants().ok()) << cache->CheckInvariants();
+  }
+}
+
+TEST(EmbCacheTest, PromotionWindowOutOfRangeIsRejected) {
+  SimClock clock;
+  auto pool = MakePool(2, 1024);
+  for (double bad : {-0.1, 0.6}) {
+    EmbCacheOptions options = OneTable(256, 1);
+    options.promotion_window = bad;
+    auto cache = EmbCache::Create(options, *pool, clock);
+    ASSERT_FALSE(cache.ok());
+    EXPECT_EQ(cache.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(cache.status().message(), HasSubstr("promotion_window"));
+  }
+}
+
 class EmbCachePolicyTest : public TestWithParam<EmbPolicy> {};
 
 TEST_P(EmbCachePolicyTest, BudgetRespectedAndMovable) {
@@ -311,11 +355,14 @@ INSTANTIATE_TEST_SUITE_P(EmbPolicies, EmbCachePolicyTest,
                          [](const auto& info) { return std::string(EmbPolicyName(info.param)); });
 
 // Hit rate of lookup-then-insert-on-miss over a Zipf stream.
-double ZipfHitRate(EmbPolicy policy, double exponent, uint64_t seed) {
+double ZipfHitRate(EmbPolicy policy, double exponent, uint64_t seed,
+                   double promotion_window = EmbCacheOptions().promotion_window) {
   SimClock clock;
   constexpr uint64_t kRowBytes = 256, kSlotsPerPage = 50;
   auto pool = MakePool(100, kRowBytes * kSlotsPerPage);  // 5 000 slots
-  auto cache = MakeCache(*pool, clock, OneTable(kRowBytes, 100, policy));
+  EmbCacheOptions options = OneTable(kRowBytes, 100, policy);
+  options.promotion_window = promotion_window;
+  auto cache = MakeCache(*pool, clock, options);
   ZipfSampler zipf(100000, exponent);
   Rng rng(seed);
   constexpr int kWarmup = 100000, kMeasured = 500000;
@@ -343,6 +390,40 @@ TEST(EmbCacheZipfTest, FrequencyAwarePolicyIsNotWorseThanLru) {
               << " tinylfu " << tiny << "\n";
     EXPECT_GE(tiny, lru - 0.01) << "zipf " << exponent;
     EXPECT_GT(lru, 0.05);
+  }
+}
+
+// W-TinyLFU's admission filter: once the cache is full, rows seen once do not displace rows seen
+// often (LRU, or a segmented LRU without the filter, would lose one frequent row per new row).
+TEST(EmbCacheTest, TinyLfuAdmitsByFrequencyOnceFull) {
+  SimClock clock;
+  auto pool = MakePool(2, 100 * 256);
+  auto cache = MakeCache(*pool, clock, OneTable(256, 1, EmbPolicy::kTinyLfu));  // 100 slots
+  for (uint64_t r = 0; r < 100; ++r) MustInsert(*cache, 0, r);
+  for (int pass = 0; pass < 4; ++pass) {
+    for (uint64_t r = 0; r < 100; ++r) ASSERT_NE(LookupOne(*cache, 0, r), kEmbMiss);
+  }
+  for (uint64_t r = 1000; r < 1020; ++r) {
+    ASSERT_EQ(LookupOne(*cache, 0, r), kEmbMiss);
+    MustInsert(*cache, 0, r);
+  }
+  int frequent_resident = 0;
+  for (uint64_t r = 0; r < 100; ++r) frequent_resident += cache->Peek(0, r).has_value();
+  // The two rows in the admission window when the cache filled lose to equally frequent rows.
+  EXPECT_GE(frequent_resident, 98);
+  EXPECT_TRUE(cache->CheckInvariants().ok()) << cache->CheckInvariants();
+}
+
+// The default promotion window costs next to nothing in hit rate against exact LRU order.
+TEST(EmbCacheZipfTest, PromotionWindowKeepsTheHitRate) {
+  for (EmbPolicy policy : {EmbPolicy::kLru, EmbPolicy::kTinyLfu}) {
+    for (double exponent : {1.0, 0.8}) {
+      double exact = ZipfHitRate(policy, exponent, 11, 0.0);
+      double windowed = ZipfHitRate(policy, exponent, 11);
+      std::cout << EmbPolicyName(policy) << " zipf " << exponent << ": hit rate exact " << exact
+                << " with the promotion window " << windowed << "\n";
+      EXPECT_GE(windowed, exact - 0.005) << EmbPolicyName(policy) << " zipf " << exponent;
+    }
   }
 }
 

@@ -3,11 +3,14 @@
 // entries by id (EmbEntryStore) and decides which live entry of one size class to evict next.
 // Not thread-safe: the EmbCache calls it under its own lock.
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/huge_pages.h"
 #include "common/rng.h"
 #include "serving_node/core/hbm_pool.h"
 
@@ -22,21 +25,27 @@ inline constexpr EntryId kNil = UINT32_MAX;
 // One index entry. Lives in EmbEntryStore::entries until it is evicted or, once stale, dropped;
 // `gen` is the generation of `page` when the entry was made.
 struct EmbEntry {
-  uint64_t row = 0;
-  uint32_t table_id = 0;
+  // The fields a hit reads come first (21 bytes), so that two prefetches cover them wherever the
+  // 48-byte entry falls across cache lines.
   PageId page = kNoPage;
   uint32_t slot = 0;
   uint32_t gen = 0;
-  EntryId prev = kNil;  // policy list links
-  EntryId next = kNil;
+  uint32_t stamp = 0;   // the list's push count when the entry was last pushed to its front
   uint16_t cls = 0;     // size class whose policy lists hold the entry
   uint8_t segment = 0;  // policy use
   bool in_use = false;
   bool detached = false;  // taken out of the policy lists for the rest of an InsertBatch
+  uint64_t row = 0;
+  uint32_t table_id = 0;
+  EntryId prev = kNil;  // policy list links
+  EntryId next = kNil;
 };
+inline constexpr size_t kEmbEntryHotBytes = offsetof(EmbEntry, detached) + 1;
+
+using EmbEntries = std::vector<EmbEntry, HugePageAllocator<EmbEntry>>;  // on huge pages
 
 struct EmbEntryStore {
-  std::vector<EmbEntry> entries;
+  EmbEntries entries;
   std::vector<EntryId> free;
   std::vector<uint32_t> page_gen;    // by PageId
   std::vector<EntryId> stale_found;  // unlinked by a policy, for the cache to drop
@@ -75,7 +84,8 @@ class EmbReplacementPolicy {
   virtual void Attach(EntryId e) = 0;
   virtual void DropPage(PageId page) = 0;
   virtual void SetCapacity(uint64_t slots) = 0;
-  virtual void RecordAccess(uint64_t /*key_hash*/) {}
+  // Counts lookups of keys (EmbKeyHash) for a frequency-aware policy; no-op otherwise.
+  virtual void RecordAccesses(std::span<const uint64_t> /*key_hashes*/) {}
   // The live entry to evict next (still linked; the caller Removes it), or kNil.
   virtual EntryId Victim() = 0;
   virtual absl::Status Check(uint64_t* listed) const = 0;
@@ -85,10 +95,11 @@ class EmbReplacementPolicy {
 inline uint64_t EmbKeyHash(uint32_t table_id, uint64_t row) { return KeyedHash(table_id, row); }
 
 // A policy of `kind` for one size class; `pool_slots` sizes the TinyLFU sketch when
-// `sketch_width` is 0.
+// `sketch_width` is 0; `promotion_window` as EmbCacheOptions::promotion_window.
 std::unique_ptr<EmbReplacementPolicy> MakeEmbReplacementPolicy(EmbPolicy kind, EmbEntryStore& store,
                                                                uint32_t num_pages,
                                                                uint64_t pool_slots,
-                                                               uint32_t sketch_width);
+                                                               uint32_t sketch_width,
+                                                               double promotion_window);
 
 }  // namespace hlem::serving

@@ -11,7 +11,7 @@ absl::StatusOr<std::unique_ptr<CpuDevice>> CpuDevice::Create(const CpuDeviceOpti
   if (options.pool_bytes == 0) return absl::InvalidArgumentError("pool.bytes: must be > 0");
   auto link = EmulatedLink::Create(options.link, clock);
   if (!link.ok()) return link.status();
-  std::unique_ptr<std::byte[]> pool(new (std::nothrow) std::byte[options.pool_bytes]);
+  HugePageBuffer pool = MakeHugePageBuffer(options.pool_bytes);
   if (pool == nullptr) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot allocate a ", options.pool_bytes, "-byte host arena"));

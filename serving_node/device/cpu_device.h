@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/clock.h"
+#include "common/huge_pages.h"
 #include "serving_node/core/device.h"
 #include "serving_node/core/emulated_link.h"
 
@@ -35,12 +36,11 @@ class CpuDevice final : public Device {
   std::byte* pool_data() { return pool_.get(); }
 
  private:
-  CpuDevice(uint64_t pool_bytes, std::unique_ptr<std::byte[]> pool,
-            std::unique_ptr<EmulatedLink> link)
+  CpuDevice(uint64_t pool_bytes, HugePageBuffer pool, std::unique_ptr<EmulatedLink> link)
       : pool_bytes_(pool_bytes), pool_(std::move(pool)), link_(std::move(link)) {}
 
   const uint64_t pool_bytes_;
-  std::unique_ptr<std::byte[]> pool_;
+  HugePageBuffer pool_;  // on huge pages, as HBM is mapped in large pages
   std::unique_ptr<EmulatedLink> link_;
   mutable absl::Mutex mu_;
   DeviceCopyStats stats_ ABSL_GUARDED_BY(mu_);
