@@ -7,14 +7,24 @@
 // Copies are asynchronous and come in two classes: kCritical (misses of live requests) is always
 // served before kBackground (refill); a background copy already on the link is not preempted, so a
 // critical copy waits at most one background chunk. Every copy is counted by purpose, so tests can
-// prove that an α change copies zero KV bytes. Implementations are thread-safe.
+// prove that an α change copies zero KV bytes.
+//
+// Kernels. GatherRows (EMB rows from their slots into a contiguous batch) and ScatterKv (a step's
+// new K/V into page slots) move bytes inside the device, never over the link. They run in issue
+// order on the device's compute stream (at once on `cpu`); their results are visible to later
+// kernels, and to the host after Synchronize. Their reference semantics are the host functions
+// of device/gather_scatter.h, which the `cpu` device runs. Implementations are thread-safe.
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <span>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "serving_node/core/kv_geometry.h"
 
 namespace hlem::serving {
 
@@ -25,10 +35,26 @@ enum class CopyPurpose : uint8_t { kEmbMiss = 0, kEmbRefill = 1, kKv = 2, kOther
 inline constexpr int kNumCopyPurposes = 4;
 const char* CopyPurposeName(CopyPurpose purpose);
 
+// The checks every device makes before a kernel (shared, so `cpu` and `cuda` reject alike).
+absl::Status CheckGather(uint64_t pool_bytes, std::span<const uint64_t> pool_offsets,
+                         uint32_t row_bytes, size_t dst_bytes);
+absl::Status CheckScatter(uint64_t pool_bytes, const KvGeometry& geometry,
+                          std::span<const uint64_t> page_offsets, std::span<const uint32_t> slots,
+                          size_t src_bytes);
+
 struct DeviceCopyStats {
   uint64_t copies[kNumCopyPurposes] = {};
   uint64_t bytes[kNumCopyPurposes] = {};
   uint64_t link_busy_ns = 0;  // time the (emulated or real) link spent moving bytes
+};
+
+// Device memory outside the pool: kernel inputs and outputs (a gathered EMB batch, new K/V).
+class DeviceBuffer {
+ public:
+  virtual ~DeviceBuffer() = default;
+  virtual std::byte* data() = 0;  // a device address (a host address on `cpu`)
+  virtual const std::byte* data() const = 0;
+  virtual size_t size() const = 0;
 };
 
 class Device {
@@ -45,6 +71,28 @@ class Device {
                           std::function<void(absl::Status)> done) = 0;
   // Reads pool bytes back to host memory synchronously (tests, tools, the CPU model runner).
   virtual absl::Status ReadPool(uint64_t pool_offset, std::byte* dst, size_t bytes) = 0;
+
+  // A buffer of `bytes` (> 0) in device memory; RESOURCE_EXHAUSTED when the device has no room.
+  virtual absl::StatusOr<std::unique_ptr<DeviceBuffer>> AllocBuffer(size_t bytes) = 0;
+  // Synchronous copies between host memory and a buffer (after every kernel issued before).
+  // INVALID_ARGUMENT when the range leaves the buffer.
+  virtual absl::Status WriteBuffer(DeviceBuffer& dst, size_t offset, const std::byte* src,
+                                   size_t bytes) = 0;
+  virtual absl::Status ReadBuffer(const DeviceBuffer& src, size_t offset, std::byte* dst,
+                                  size_t bytes) = 0;
+
+  // Gathers rows of `row_bytes` from pool offsets into dst: row i at dst[i * row_bytes].
+  // INVALID_ARGUMENT when a row leaves the pool or the rows do not fit dst.
+  virtual absl::Status GatherRows(std::span<const uint64_t> pool_offsets, uint32_t row_bytes,
+                                  DeviceBuffer& dst) = 0;
+  // Scatters the K/V of page_offsets.size() new tokens from src (token-major, as
+  // KvGeometry::OffsetInBatch) to slot slots[t] of the page at pool offset page_offsets[t].
+  // INVALID_ARGUMENT when the spans differ in length, a slot is past page_tokens, a page leaves
+  // the pool, or src is too small.
+  virtual absl::Status ScatterKv(const KvGeometry& geometry, std::span<const uint64_t> page_offsets,
+                                 std::span<const uint32_t> slots, const DeviceBuffer& src) = 0;
+  // Waits for every kernel issued so far.
+  virtual absl::Status Synchronize() = 0;
 
   // True while a critical copy is queued or on the link (the refill throttler's signal).
   virtual bool critical_pending() const = 0;

@@ -7,20 +7,6 @@
 
 namespace hlem::serving {
 
-const char* CopyPurposeName(CopyPurpose purpose) {
-  switch (purpose) {
-    case CopyPurpose::kEmbMiss:
-      return "emb_miss";
-    case CopyPurpose::kEmbRefill:
-      return "emb_refill";
-    case CopyPurpose::kKv:
-      return "kv";
-    case CopyPurpose::kOther:
-      return "other";
-  }
-  return "?";
-}
-
 absl::StatusOr<std::unique_ptr<EmulatedLink>> EmulatedLink::Create(const LinkOptions& options,
                                                                    Clock& clock) {
   if (!(options.bytes_per_second > 0) || !std::isfinite(options.bytes_per_second)) {

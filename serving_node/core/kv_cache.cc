@@ -26,6 +26,18 @@ uint64_t KvHash(std::span<const uint64_t> tokens, uint64_t hash) {
   return hash;
 }
 
+void KvScatterTargets(std::span<const KvSlotRun> runs, uint64_t page_bytes,
+                      std::vector<uint64_t>* page_offsets, std::vector<uint32_t>* slots) {
+  page_offsets->clear();
+  slots->clear();
+  for (const KvSlotRun& run : runs) {
+    for (uint32_t i = 0; i < run.tokens; ++i) {
+      page_offsets->push_back(uint64_t{run.page} * page_bytes);
+      slots->push_back(run.first_slot + i);
+    }
+  }
+}
+
 absl::StatusOr<KvPageLayout> KvPageLayout::Make(const KvCacheOptions& options,
                                                 uint64_t page_bytes) {
   if (options.layers == 0 || options.kv_dim == 0) {

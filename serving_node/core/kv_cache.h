@@ -49,6 +49,7 @@
 #include "common/clock.h"
 #include "common/rng.h"
 #include "serving_node/core/hbm_pool.h"
+#include "serving_node/core/kv_geometry.h"
 #include "serving_node/core/residency_events.h"
 
 namespace hlem::serving {
@@ -71,27 +72,11 @@ struct KvCacheOptions {
   absl::Duration reclaim_min_idle = absl::ZeroDuration();
 };
 
-enum class KvPart : uint8_t { kKey = 0, kValue = 1 };
-
-// Where a token's K and V live inside a page. Pure arithmetic, cheap to copy into device code.
-struct KvPageLayout {
-  uint32_t layers = 0;
-  uint32_t kv_dim = 0;
-  uint32_t dtype_bytes = 0;
-  uint64_t page_bytes = 0;
-  uint32_t page_tokens = 0;  // page_bytes / (layers · 2 · kv_dim · dtype_bytes)
-
+// Where a token's K and V live inside a page (kv_geometry.h), made from validated options.
+struct KvPageLayout : KvGeometry {
   // INVALID_ARGUMENT when a dimension is 0, dtype_bytes is not 1, 2, 4 or 8, or a page cannot
   // hold one token.
   static absl::StatusOr<KvPageLayout> Make(const KvCacheOptions& options, uint64_t page_bytes);
-
-  // Bytes of one token's K (or V) vector in one layer.
-  uint64_t vector_bytes() const { return uint64_t{kv_dim} * dtype_bytes; }
-  // Byte offset, inside a page, of the K or V vector of token slot `slot` in `layer`.
-  uint64_t OffsetInPage(uint32_t layer, KvPart part, uint32_t slot) const {
-    return ((uint64_t{layer} * 2 + static_cast<uint64_t>(part)) * page_tokens + slot) *
-           vector_bytes();
-  }
 };
 
 // A cached prefix: its length in tokens and its rolling hash. The empty prefix is {0, seed}.
@@ -117,6 +102,11 @@ struct KvSlotRun {
   uint32_t tokens = 0;
   bool operator==(const KvSlotRun&) const = default;
 };
+
+// The per-token targets of Device::ScatterKv for runs of a pool of `page_bytes` pages: token j
+// of the runs (in order) goes to slot (*slots)[j] of the page at pool offset (*page_offsets)[j].
+void KvScatterTargets(std::span<const KvSlotRun> runs, uint64_t page_bytes,
+                      std::vector<uint64_t>* page_offsets, std::vector<uint32_t>* slots);
 
 struct KvAppendResult {
   KvPrefix prefix;              // expected + new tokens: pass it to CommitAppend / AbortAppend

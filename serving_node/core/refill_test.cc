@@ -64,6 +64,26 @@ class FlakyDevice final : public Device {
   absl::Status ReadPool(uint64_t off, std::byte* dst, size_t bytes) override {
     return inner_.ReadPool(off, dst, bytes);
   }
+  absl::StatusOr<std::unique_ptr<DeviceBuffer>> AllocBuffer(size_t bytes) override {
+    return inner_.AllocBuffer(bytes);
+  }
+  absl::Status WriteBuffer(DeviceBuffer& dst, size_t off, const std::byte* src,
+                           size_t bytes) override {
+    return inner_.WriteBuffer(dst, off, src, bytes);
+  }
+  absl::Status ReadBuffer(const DeviceBuffer& src, size_t off, std::byte* dst,
+                          size_t bytes) override {
+    return inner_.ReadBuffer(src, off, dst, bytes);
+  }
+  absl::Status GatherRows(std::span<const uint64_t> offsets, uint32_t row_bytes,
+                          DeviceBuffer& dst) override {
+    return inner_.GatherRows(offsets, row_bytes, dst);
+  }
+  absl::Status ScatterKv(const KvGeometry& g, std::span<const uint64_t> page_offsets,
+                         std::span<const uint32_t> slots, const DeviceBuffer& src) override {
+    return inner_.ScatterKv(g, page_offsets, slots, src);
+  }
+  absl::Status Synchronize() override { return inner_.Synchronize(); }
   bool critical_pending() const override { return inner_.critical_pending(); }
   DeviceCopyStats stats() const override { return inner_.stats(); }
   bool fail_background = false;

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "serving_node/device/gather_scatter.h"
 
 namespace hlem::serving {
 
@@ -48,6 +49,71 @@ absl::Status CpuDevice::ReadPool(uint64_t pool_offset, std::byte* dst, size_t by
         absl::StrCat("read of ", bytes, " bytes at offset ", pool_offset, " leaves the pool"));
   }
   std::memcpy(dst, pool_.get() + pool_offset, bytes);
+  return absl::OkStatus();
+}
+
+namespace {
+
+class HostBuffer final : public DeviceBuffer {
+ public:
+  explicit HostBuffer(size_t bytes) : bytes_(bytes), data_(MakeHugePageBuffer(bytes)) {}
+  std::byte* data() override { return data_.get(); }
+  const std::byte* data() const override { return data_.get(); }
+  size_t size() const override { return bytes_; }
+  bool ok() const { return data_ != nullptr; }
+
+ private:
+  const size_t bytes_;
+  HugePageBuffer data_;
+};
+
+absl::Status CheckRange(const char* op, const DeviceBuffer& buffer, size_t offset, size_t bytes) {
+  if (offset > buffer.size() || bytes > buffer.size() - offset) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": ", bytes, " bytes at offset ", offset,
+                                                   " leave the ", buffer.size(), "-byte buffer"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DeviceBuffer>> CpuDevice::AllocBuffer(size_t bytes) {
+  if (bytes == 0) return absl::InvalidArgumentError("AllocBuffer: bytes must be positive");
+  auto buffer = std::make_unique<HostBuffer>(bytes);
+  if (!buffer->ok()) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate a ", bytes, "-byte buffer"));
+  }
+  return buffer;
+}
+
+absl::Status CpuDevice::WriteBuffer(DeviceBuffer& dst, size_t offset, const std::byte* src,
+                                    size_t bytes) {
+  if (absl::Status st = CheckRange("WriteBuffer", dst, offset, bytes); !st.ok()) return st;
+  std::memcpy(dst.data() + offset, src, bytes);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::ReadBuffer(const DeviceBuffer& src, size_t offset, std::byte* dst,
+                                   size_t bytes) {
+  if (absl::Status st = CheckRange("ReadBuffer", src, offset, bytes); !st.ok()) return st;
+  std::memcpy(dst, src.data() + offset, bytes);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::GatherRows(std::span<const uint64_t> pool_offsets, uint32_t row_bytes,
+                                   DeviceBuffer& dst) {
+  absl::Status st = CheckGather(pool_bytes_, pool_offsets, row_bytes, dst.size());
+  if (!st.ok()) return st;
+  GatherRowsHost(pool_.get(), pool_offsets.data(), pool_offsets.size(), row_bytes, dst.data());
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::ScatterKv(const KvGeometry& geometry,
+                                  std::span<const uint64_t> page_offsets,
+                                  std::span<const uint32_t> slots, const DeviceBuffer& src) {
+  absl::Status st = CheckScatter(pool_bytes_, geometry, page_offsets, slots, src.size());
+  if (!st.ok()) return st;
+  ScatterKvHost(geometry, pool_.get(), page_offsets.data(), slots.data(), slots.size(), src.data());
   return absl::OkStatus();
 }
 

@@ -1,7 +1,9 @@
 #pragma once
 // The `cpu` Device: a host arena standing in for HBM and an EmulatedLink standing in for PCIe
 // (bandwidth and latency from config), so the EMB-vs-KV trade-off exists on a machine without a
-// GPU. A copy's bytes land in the arena when the emulated transfer completes. Thread-safe.
+// GPU. A copy's bytes land in the arena when the emulated transfer completes. Gather and scatter
+// are the reference host code of gather_scatter.h. Thread-safe (kernels on one buffer or pool
+// range from two threads at once are the caller's race, as on a GPU).
 
 #include <memory>
 
@@ -29,6 +31,17 @@ class CpuDevice final : public Device {
   void CopyToPool(CopyClass cls, CopyPurpose purpose, const std::byte* src, uint64_t pool_offset,
                   size_t bytes, std::function<void(absl::Status)> done) override;
   absl::Status ReadPool(uint64_t pool_offset, std::byte* dst, size_t bytes) override;
+  // Host memory; the kernels run at once on the calling thread (gather_scatter.h).
+  absl::StatusOr<std::unique_ptr<DeviceBuffer>> AllocBuffer(size_t bytes) override;
+  absl::Status WriteBuffer(DeviceBuffer& dst, size_t offset, const std::byte* src,
+                           size_t bytes) override;
+  absl::Status ReadBuffer(const DeviceBuffer& src, size_t offset, std::byte* dst,
+                          size_t bytes) override;
+  absl::Status GatherRows(std::span<const uint64_t> pool_offsets, uint32_t row_bytes,
+                          DeviceBuffer& dst) override;
+  absl::Status ScatterKv(const KvGeometry& geometry, std::span<const uint64_t> page_offsets,
+                         std::span<const uint32_t> slots, const DeviceBuffer& src) override;
+  absl::Status Synchronize() override { return absl::OkStatus(); }
   bool critical_pending() const override { return link_->critical_pending(); }
   DeviceCopyStats stats() const override;
 

@@ -2,7 +2,11 @@
 
 #include <vector>
 
+#include "common/clock.h"
+#include "common/rng.h"
 #include "gtest/gtest.h"
+#include "serving_node/core/hbm_pool.h"
+#include "serving_node/core/kv_cache.h"
 
 namespace hlem::serving {
 namespace {
@@ -41,6 +45,110 @@ TEST(CpuDeviceTest, OutOfPoolCopiesAreRejected) {
   EXPECT_EQ(result.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(device->ReadPool(1ull << 40, src.data(), 16).ok());
   EXPECT_FALSE(CpuDevice::Create({.pool_bytes = 0}, clock).ok());
+}
+
+std::byte PoolByte(uint64_t i) { return static_cast<std::byte>(Mix64(i) & 0xff); }
+
+std::unique_ptr<CpuDevice> PatternDevice(SimClock& clock, uint64_t bytes) {
+  auto device = *CpuDevice::Create({.pool_bytes = bytes}, clock);
+  for (uint64_t i = 0; i < bytes; ++i) device->pool_data()[i] = PoolByte(i);
+  return device;
+}
+
+TEST(CpuDeviceTest, GatherRowsCopiesEachRowFromItsSlot) {
+  SimClock clock;
+  auto device = PatternDevice(clock, 1 << 20);
+  for (uint32_t row_bytes : {1u, 13u, 256u, 2048u}) {
+    Rng rng(row_bytes);
+    std::vector<uint64_t> offsets(300);
+    for (auto& o : offsets) o = rng() % ((1 << 20) - row_bytes + 1);  // unaligned too
+    auto dst = *device->AllocBuffer(offsets.size() * row_bytes);
+    ASSERT_TRUE(device->GatherRows(offsets, row_bytes, *dst).ok());
+    ASSERT_TRUE(device->Synchronize().ok());
+    std::vector<std::byte> host(dst->size());
+    ASSERT_TRUE(device->ReadBuffer(*dst, 0, host.data(), host.size()).ok());
+    for (size_t i = 0; i < offsets.size(); ++i) {
+      for (uint32_t b = 0; b < row_bytes; ++b) {
+        ASSERT_EQ(host[i * row_bytes + b], PoolByte(offsets[i] + b)) << row_bytes << " row " << i;
+      }
+    }
+  }
+}
+
+// New K/V placed by a real KvCache append: every token's vectors land where KvGeometry says the
+// attention kernel reads them, and nothing else in the pool changes.
+TEST(CpuDeviceTest, ScatterKvPutsEachTokensVectorsInItsPageSlot) {
+  SimClock clock;
+  constexpr uint64_t kPageBytes = 16 << 10;
+  auto pool = *HbmPool::Create({.pool_bytes = 16 * kPageBytes, .page_bytes = kPageBytes});
+  auto kv = *KvCache::Create({.layers = 3, .kv_dim = 8, .dtype_bytes = 4}, *pool, nullptr, clock);
+  const KvGeometry& g = kv->layout();  // 3 · 2 · 32 B = 192 B a token: 85 tokens a page
+  auto device = PatternDevice(clock, 16 * kPageBytes);
+  std::vector<std::byte> before(device->pool_bytes());
+  ASSERT_TRUE(device->ReadPool(0, before.data(), before.size()).ok());
+
+  std::vector<uint64_t> history(200);
+  for (size_t i = 0; i < history.size(); ++i) history[i] = 1000 + i;
+  auto append = kv->Append(7, KvPrefix{}, history);
+  ASSERT_TRUE(append.ok()) << append.status();
+  ASSERT_GT(append->runs.size(), 2u);  // 200 tokens over three pages
+  std::vector<uint64_t> page_offsets;
+  std::vector<uint32_t> slots;
+  KvScatterTargets(append->runs, kPageBytes, &page_offsets, &slots);
+  ASSERT_EQ(slots.size(), history.size());
+
+  std::vector<std::byte> batch(history.size() * g.token_bytes());
+  for (size_t i = 0; i < batch.size(); ++i) batch[i] = static_cast<std::byte>(Mix64(i + 99) >> 7);
+  auto src = *device->AllocBuffer(batch.size());
+  ASSERT_TRUE(device->WriteBuffer(*src, 0, batch.data(), batch.size()).ok());
+  ASSERT_TRUE(device->ScatterKv(g, page_offsets, slots, *src).ok());
+  ASSERT_TRUE(device->Synchronize().ok());
+
+  std::vector<std::byte> after(device->pool_bytes());
+  ASSERT_TRUE(device->ReadPool(0, after.data(), after.size()).ok());
+  std::vector<bool> written(after.size(), false);
+  for (size_t t = 0; t < slots.size(); ++t) {
+    for (uint32_t l = 0; l < g.layers; ++l) {
+      for (KvPart p : {KvPart::kKey, KvPart::kValue}) {
+        const uint64_t at = page_offsets[t] + g.OffsetInPage(l, p, slots[t]);
+        const uint64_t from = g.OffsetInBatch(t, l, p);
+        for (uint64_t b = 0; b < g.vector_bytes(); ++b) {
+          ASSERT_EQ(after[at + b], batch[from + b]) << "token " << t << " layer " << l;
+          written[at + b] = true;
+        }
+      }
+    }
+  }
+  for (size_t i = 0; i < after.size(); ++i) {
+    if (!written[i]) {
+      ASSERT_EQ(after[i], before[i]) << "byte " << i << " changed";
+    }
+  }
+  ASSERT_TRUE(kv->CommitAppend(7, append->prefix).ok());
+}
+
+TEST(CpuDeviceTest, KernelsRejectBadArguments) {
+  SimClock clock;
+  auto device = *CpuDevice::Create({.pool_bytes = 1 << 16}, clock);
+  auto buf = *device->AllocBuffer(1024);
+  const uint64_t out_of_pool[] = {(1 << 16) - 100};
+  EXPECT_EQ(device->GatherRows(out_of_pool, 256, *buf).code(), absl::StatusCode::kInvalidArgument);
+  const uint64_t five[] = {0, 256, 512, 768, 1024};
+  EXPECT_EQ(device->GatherRows(five, 256, *buf).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(device->GatherRows(five, 0, *buf).code(), absl::StatusCode::kInvalidArgument);
+  KvGeometry g{.layers = 1, .kv_dim = 4, .dtype_bytes = 4, .page_bytes = 4096, .page_tokens = 128};
+  const uint64_t pages[] = {0, 4096};
+  const uint32_t slots[] = {0, 128};
+  EXPECT_EQ(device->ScatterKv(g, pages, slots, *buf).code(), absl::StatusCode::kInvalidArgument);
+  const uint32_t one_slot[] = {0};
+  EXPECT_EQ(device->ScatterKv(g, pages, one_slot, *buf).code(), absl::StatusCode::kInvalidArgument);
+  const uint64_t far_page[] = {1 << 16};
+  EXPECT_EQ(device->ScatterKv(g, far_page, one_slot, *buf).code(),
+            absl::StatusCode::kInvalidArgument);
+  std::byte x[8];
+  EXPECT_EQ(device->WriteBuffer(*buf, 1020, x, 8).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(device->ReadBuffer(*buf, 1 << 20, x, 1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(device->AllocBuffer(0).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

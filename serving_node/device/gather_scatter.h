@@ -1,0 +1,39 @@
+#pragma once
+// The two data movements a serving step makes inside the pool, as plain host code: the `cpu`
+// device runs them, and the CUDA kernels (cuda/cuda_pool.cu) are checked against them byte for
+// byte (cuda/cuda_check.cc). No dependencies beyond the standard library.
+//
+// Gather: the EMB rows a request hit, from their slots into one contiguous batch (the model's
+// embedding input). Scatter: the K/V of a step's new tokens, from the model's token-major batch
+// (KvGeometry::OffsetInBatch) into their page slots (KvGeometry::OffsetInPage).
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "serving_node/core/kv_geometry.h"
+
+namespace hlem::serving {
+
+// dst[i * row_bytes, (i + 1) * row_bytes) = pool[offsets[i], offsets[i] + row_bytes).
+inline void GatherRowsHost(const std::byte* pool, const uint64_t* offsets, size_t rows,
+                           uint32_t row_bytes, std::byte* dst) {
+  for (size_t i = 0; i < rows; ++i) std::memcpy(dst + i * row_bytes, pool + offsets[i], row_bytes);
+}
+
+// Token t of `src` goes to slot slots[t] of the page at pool byte offset page_offsets[t], every
+// layer's K and V.
+inline void ScatterKvHost(const KvGeometry& g, std::byte* pool, const uint64_t* page_offsets,
+                          const uint32_t* slots, size_t tokens, const std::byte* src) {
+  const uint64_t vb = g.vector_bytes();
+  for (size_t t = 0; t < tokens; ++t) {
+    for (uint32_t l = 0; l < g.layers; ++l) {
+      for (KvPart p : {KvPart::kKey, KvPart::kValue}) {
+        std::memcpy(pool + page_offsets[t] + g.OffsetInPage(l, p, slots[t]),
+                    src + g.OffsetInBatch(t, l, p), vb);
+      }
+    }
+  }
+}
+
+}  // namespace hlem::serving
