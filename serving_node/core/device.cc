@@ -18,6 +18,15 @@ const char* CopyPurposeName(CopyPurpose purpose) {
   return "?";
 }
 
+absl::Status CheckBufferRange(const char* op, const DeviceBuffer& buffer, size_t offset,
+                              size_t bytes) {
+  if (offset > buffer.size() || bytes > buffer.size() - offset) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": ", bytes, " bytes at offset ", offset,
+                                                   " leave the ", buffer.size(), "-byte buffer"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckGather(uint64_t pool_bytes, std::span<const uint64_t> pool_offsets,
                          uint32_t row_bytes, size_t dst_bytes) {
   if (row_bytes == 0) return absl::InvalidArgumentError("GatherRows: row_bytes must be positive");

@@ -35,6 +35,10 @@ enum class CopyPurpose : uint8_t { kEmbMiss = 0, kEmbRefill = 1, kKv = 2, kOther
 inline constexpr int kNumCopyPurposes = 4;
 const char* CopyPurposeName(CopyPurpose purpose);
 
+class DeviceBuffer;
+// INVALID_ARGUMENT when [offset, offset + bytes) leaves the buffer; `op` names the caller.
+absl::Status CheckBufferRange(const char* op, const DeviceBuffer& buffer, size_t offset,
+                              size_t bytes);
 // The checks every device makes before a kernel (shared, so `cpu` and `cuda` reject alike).
 absl::Status CheckGather(uint64_t pool_bytes, std::span<const uint64_t> pool_offsets,
                          uint32_t row_bytes, size_t dst_bytes);

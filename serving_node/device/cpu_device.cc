@@ -67,14 +67,6 @@ class HostBuffer final : public DeviceBuffer {
   HugePageBuffer data_;
 };
 
-absl::Status CheckRange(const char* op, const DeviceBuffer& buffer, size_t offset, size_t bytes) {
-  if (offset > buffer.size() || bytes > buffer.size() - offset) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": ", bytes, " bytes at offset ", offset,
-                                                   " leave the ", buffer.size(), "-byte buffer"));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DeviceBuffer>> CpuDevice::AllocBuffer(size_t bytes) {
@@ -88,14 +80,14 @@ absl::StatusOr<std::unique_ptr<DeviceBuffer>> CpuDevice::AllocBuffer(size_t byte
 
 absl::Status CpuDevice::WriteBuffer(DeviceBuffer& dst, size_t offset, const std::byte* src,
                                     size_t bytes) {
-  if (absl::Status st = CheckRange("WriteBuffer", dst, offset, bytes); !st.ok()) return st;
+  if (absl::Status st = CheckBufferRange("WriteBuffer", dst, offset, bytes); !st.ok()) return st;
   std::memcpy(dst.data() + offset, src, bytes);
   return absl::OkStatus();
 }
 
 absl::Status CpuDevice::ReadBuffer(const DeviceBuffer& src, size_t offset, std::byte* dst,
                                    size_t bytes) {
-  if (absl::Status st = CheckRange("ReadBuffer", src, offset, bytes); !st.ok()) return st;
+  if (absl::Status st = CheckBufferRange("ReadBuffer", src, offset, bytes); !st.ok()) return st;
   std::memcpy(dst, src.data() + offset, bytes);
   return absl::OkStatus();
 }

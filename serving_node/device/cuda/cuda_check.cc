@@ -1,0 +1,262 @@
+// Self-check of the CUDA pool on a real GPU, against the host reference (gather_scatter.h): copies
+// of every size class round-trip byte for byte, gather and scatter produce exactly what the cpu
+// device produces, concurrent submitters and callbacks that submit more copies complete, and bad
+// ranges are reported. No test framework (it runs on bare GPU hosts through scripts/gpu-check.sh);
+// prints one line per check and exits 0 when all pass, 1 when one fails, 77 without a device.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "serving_node/device/cuda/cuda_pool.h"
+#include "serving_node/device/gather_scatter.h"
+
+namespace hlem::cuda {
+namespace {
+
+using serving::KvGeometry;
+
+int failures = 0;
+
+void Report(const char* check, bool ok, const std::string& detail = "") {
+  std::printf("%-44s %s%s%s\n", check, ok ? "PASS" : "FAIL", detail.empty() ? "" : "  ",
+              detail.c_str());
+  std::fflush(stdout);
+  failures += ok ? 0 : 1;
+}
+
+// Counts callbacks and waits for them (with a deadline: a hang is a failure, not a stuck run).
+class Waiter {
+ public:
+  std::function<void(CudaResult)> Callback() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++expected_;
+    }
+    return [this](CudaResult r) {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++done_;
+      if (!r.ok()) errors_.push_back(r.message());
+      cv_.notify_all();
+    };
+  }
+  bool Wait(std::chrono::seconds limit = std::chrono::seconds(60)) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, limit, [&] { return done_ == expected_; });
+  }
+  std::vector<std::string> errors() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return errors_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int expected_ = 0;
+  int done_ = 0;
+  std::vector<std::string> errors_;
+};
+
+std::vector<std::byte> Random(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::byte> v(n);
+  for (auto& b : v) b = static_cast<std::byte>(rng());
+  return v;
+}
+
+void CheckCopies(CudaPool& pool, std::vector<std::byte>& mirror) {
+  // Sizes around the 1 MiB staging block, both classes, then one read of the whole pool.
+  const size_t sizes[] = {1, 255, 4096, (1 << 20) - 1, 1 << 20, (1 << 20) + 7, 5 << 20};
+  Waiter w;
+  uint64_t off = 0;
+  int k = 0;
+  std::vector<std::vector<std::byte>> sources;
+  for (size_t n : sizes) {
+    for (CudaCopyClass cls : {CudaCopyClass::kCritical, CudaCopyClass::kBackground}) {
+      sources.push_back(Random(n, ++k));
+      pool.CopyToPool(cls, sources.back().data(), off, n, w.Callback());
+      std::memcpy(mirror.data() + off, sources.back().data(), n);
+      off += n + 3;  // unaligned starts
+    }
+  }
+  const bool completed = w.Wait();
+  std::vector<std::byte> back(pool.pool_bytes());
+  CudaResult r = pool.ReadPool(0, back.data(), back.size());
+  const bool same = r.ok() && std::memcmp(back.data(), mirror.data(), off) == 0;
+  Report("copies of 1 B .. 5 MiB, both classes", completed && w.errors().empty() && same,
+         r.ok() ? "" : r.message());
+}
+
+void CheckBadRanges(CudaPool& pool) {
+  Waiter w;
+  std::string error;
+  std::vector<std::byte> src(16);
+  pool.CopyToPool(CudaCopyClass::kCritical, src.data(), pool.pool_bytes() - 8, 16,
+                  [&](CudaResult r) { error = r.message(); });
+  std::byte x[16];
+  CudaResult read = pool.ReadPool(pool.pool_bytes(), x, 1);
+  Report("out-of-pool copy and read are errors", !error.empty() && !read.ok(), error);
+}
+
+void CheckConcurrentSubmitters(CudaPool& pool, std::vector<std::byte>& mirror) {
+  // Four threads, each its own 8 MiB range, 64 KiB copies of alternating class.
+  constexpr size_t kRange = 8 << 20, kCopy = 64 << 10;
+  const uint64_t base = 64 << 20;
+  Waiter w;
+  std::vector<std::vector<std::byte>> data(4);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    data[t] = Random(kRange, 100 + t);
+    std::memcpy(mirror.data() + base + t * kRange, data[t].data(), kRange);
+  }
+  std::vector<std::function<void(CudaResult)>> callbacks;
+  for (int t = 0; t < 4; ++t) {
+    for (size_t i = 0; i < kRange / kCopy; ++i) callbacks.push_back(w.Callback());
+  }
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (size_t i = 0; i < kRange / kCopy; ++i) {
+        pool.CopyToPool(i % 2 == 0 ? CudaCopyClass::kCritical : CudaCopyClass::kBackground,
+                        data[t].data() + i * kCopy, base + t * kRange + i * kCopy, kCopy,
+                        callbacks[t * (kRange / kCopy) + i]);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  const bool completed = w.Wait();
+  std::vector<std::byte> back(4 * kRange);
+  CudaResult r = pool.ReadPool(base, back.data(), back.size());
+  const bool same = r.ok() && std::memcmp(back.data(), mirror.data() + base, back.size()) == 0;
+  Report("4 threads x 512 copies of 64 KiB", completed && w.errors().empty() && same);
+}
+
+void CheckCallbackResubmits(CudaPool& pool) {
+  // A chain of background copies, each submitted from the previous one's callback, more links
+  // than there are staging blocks: must not deadlock.
+  std::vector<std::byte> src(1 << 20);
+  std::mutex mu;
+  std::condition_variable cv;
+  int left = 64;
+  std::function<void(CudaResult)> next = [&](CudaResult) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (--left > 0) {
+      pool.CopyToPool(CudaCopyClass::kBackground, src.data(), 0, src.size(), next);
+    }
+    cv.notify_all();
+  };
+  pool.CopyToPool(CudaCopyClass::kBackground, src.data(), 0, src.size(), next);
+  std::unique_lock<std::mutex> lock(mu);
+  const bool done = cv.wait_for(lock, std::chrono::seconds(30), [&] { return left == 0; });
+  Report("callbacks that submit copies (64 links)", done);
+}
+
+void CheckGather(CudaPool& pool, const std::vector<std::byte>& mirror) {
+  std::mt19937_64 rng(7);
+  bool all = true;
+  std::string detail;
+  for (uint32_t row_bytes : {4u, 13u, 256u, 2048u}) {
+    for (size_t rows : {size_t{1}, size_t{1000}, size_t{3'000'000}}) {  // last: past the scratch
+      if (rows * row_bytes > (512u << 20)) continue;
+      std::vector<uint64_t> offsets(rows);
+      for (auto& o : offsets) {
+        o = rng() % (mirror.size() - row_bytes + 1);
+        if (row_bytes % 16 == 0 && rng() % 2 == 0) o -= o % 16;  // aligned half the time
+      }
+      std::byte* dst = nullptr;
+      CudaResult r = pool.Alloc(rows * row_bytes, &dst);
+      if (r.ok()) r = pool.GatherRows(offsets.data(), rows, row_bytes, dst);
+      if (r.ok()) r = pool.Synchronize();
+      std::vector<std::byte> got(rows * row_bytes), want(rows * row_bytes);
+      if (r.ok()) r = pool.Read(dst, got.data(), got.size());
+      if (dst != nullptr) pool.Free(dst);
+      serving::GatherRowsHost(mirror.data(), offsets.data(), rows, row_bytes, want.data());
+      if (!r.ok() || got != want) {
+        all = false;
+        detail = std::to_string(rows) + " rows of " + std::to_string(row_bytes) +
+                 " B: " + (r.ok() ? "bytes differ" : r.message());
+      }
+    }
+  }
+  Report("gather == host reference (4 .. 2048 B rows)", all, detail);
+}
+
+void CheckScatter(CudaPool& pool, std::vector<std::byte>& mirror) {
+  bool all = true;
+  std::string detail;
+  std::mt19937_64 rng(11);
+  for (uint32_t dtype : {2u, 4u}) {
+    KvGeometry g{.layers = 3, .kv_dim = 64, .dtype_bytes = dtype, .page_bytes = 64 << 10};
+    g.page_tokens = static_cast<uint32_t>(g.page_bytes / g.token_bytes());
+    // Distinct (page, slot) targets over the first 256 pages of the pool.
+    const size_t tokens = 5000;
+    std::vector<uint64_t> all_targets;
+    for (uint64_t p = 0; p < 256; ++p) {
+      for (uint32_t s = 0; s < g.page_tokens; ++s) all_targets.push_back(p << 32 | s);
+    }
+    std::shuffle(all_targets.begin(), all_targets.end(), rng);
+    std::vector<uint64_t> page_offsets(tokens);
+    std::vector<uint32_t> slots(tokens);
+    for (size_t t = 0; t < tokens; ++t) {
+      page_offsets[t] = (all_targets[t] >> 32) * g.page_bytes;
+      slots[t] = static_cast<uint32_t>(all_targets[t] & 0xffffffff);
+    }
+    std::vector<std::byte> batch = Random(tokens * g.token_bytes(), dtype);
+    std::byte* src = nullptr;
+    CudaResult r = pool.Alloc(batch.size(), &src);
+    if (r.ok()) r = pool.Write(src, batch.data(), batch.size());
+    if (r.ok()) r = pool.ScatterKv(g, page_offsets.data(), slots.data(), tokens, src);
+    if (r.ok()) r = pool.Synchronize();
+    if (src != nullptr) pool.Free(src);
+    serving::ScatterKvHost(g, mirror.data(), page_offsets.data(), slots.data(), tokens,
+                           batch.data());
+    std::vector<std::byte> back(256 * g.page_bytes);
+    if (r.ok()) r = pool.ReadPool(0, back.data(), back.size());
+    if (!r.ok() || std::memcmp(back.data(), mirror.data(), back.size()) != 0) {
+      all = false;
+      detail = "dtype " + std::to_string(dtype) + ": " + (r.ok() ? "bytes differ" : r.message());
+    }
+  }
+  Report("scatter == host reference (5000 tokens)", all, detail);
+}
+
+int Main() {
+  std::string why;
+  if (CudaDeviceCount(&why) == 0) {
+    std::printf("SKIP: no CUDA device%s%s\n", why.empty() ? "" : ": ", why.c_str());
+    return 77;
+  }
+  CudaResult r = CudaResult::Ok();
+  auto pool = CudaPool::Create({.pool_bytes = 256 << 20}, &r);
+  if (pool == nullptr) {
+    std::printf("FAIL: cannot create the pool: %s\n", r.message().c_str());
+    return 1;
+  }
+  std::printf("device %s, pool %llu MiB\n", pool->name().c_str(),
+              static_cast<unsigned long long>(pool->pool_bytes() >> 20));
+  // Start from known bytes: the host mirror is what the pool must hold after every check.
+  std::vector<std::byte> mirror = Random(pool->pool_bytes(), 1);
+  Waiter w;
+  pool->CopyToPool(CudaCopyClass::kBackground, mirror.data(), 0, mirror.size(), w.Callback());
+  Report("fill the pool (256 MiB)", w.Wait() && w.errors().empty());
+  CheckCopies(*pool, mirror);
+  CheckBadRanges(*pool);
+  CheckConcurrentSubmitters(*pool, mirror);
+  CheckGather(*pool, mirror);
+  CheckScatter(*pool, mirror);
+  CheckCallbackResubmits(*pool);
+  std::printf("%s: %d failed\n", failures == 0 ? "ALL PASSED" : "FAILED", failures);
+  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace hlem::cuda
+
+int main() { return hlem::cuda::Main(); }

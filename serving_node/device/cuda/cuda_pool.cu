@@ -1,0 +1,458 @@
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "serving_node/device/cuda/cuda_pool.h"
+
+namespace hlem::cuda {
+namespace {
+
+std::string CudaError(const char* call, cudaError_t e) {
+  return std::string(call) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
+}
+
+#define HLEM_CUDA_RETURN(call)                                 \
+  do {                                                         \
+    const cudaError_t hlem_cuda_e = (call);                    \
+    if (hlem_cuda_e != cudaSuccess) {                          \
+      return CudaResult::Error(CudaError(#call, hlem_cuda_e)); \
+    }                                                          \
+  } while (0)
+
+cudaStream_t S(void* s) { return static_cast<cudaStream_t>(s); }
+
+constexpr unsigned kThreads = 256;  // 8 warps a block
+constexpr unsigned kWarpsPerBlock = kThreads / 32;
+
+// Copies `bytes` from s to d with one warp: 16-byte vectors when both ends allow it.
+__device__ void WarpCopy(const std::byte* __restrict__ s, std::byte* __restrict__ d, uint64_t bytes,
+                         unsigned lane) {
+  if (bytes % 16 == 0 && reinterpret_cast<uintptr_t>(s) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(d) % 16 == 0) {
+    const uint4* s4 = reinterpret_cast<const uint4*>(s);
+    uint4* d4 = reinterpret_cast<uint4*>(d);
+    for (uint64_t i = lane; i < bytes / 16; i += 32) d4[i] = s4[i];
+  } else {
+    for (uint64_t i = lane; i < bytes; i += 32) d[i] = s[i];
+  }
+}
+
+// One warp per row: dst row i = pool[offsets[i] ...].
+__global__ void GatherRowsKernel(const std::byte* __restrict__ pool,
+                                 const uint64_t* __restrict__ offsets, uint64_t rows,
+                                 uint32_t row_bytes, std::byte* __restrict__ dst) {
+  const uint64_t row = uint64_t{blockIdx.x} * kWarpsPerBlock + threadIdx.x / 32;
+  if (row >= rows) return;
+  WarpCopy(pool + offsets[row], dst + row * row_bytes, row_bytes, threadIdx.x % 32);
+}
+
+// One warp per (token, layer, K|V) vector.
+__global__ void ScatterKvKernel(serving::KvGeometry g, std::byte* __restrict__ pool,
+                                const uint64_t* __restrict__ page_offsets,
+                                const uint32_t* __restrict__ slots, uint64_t tokens,
+                                const std::byte* __restrict__ src) {
+  const uint64_t v = uint64_t{blockIdx.x} * kWarpsPerBlock + threadIdx.x / 32;
+  const uint64_t per_token = uint64_t{g.layers} * 2;
+  if (v >= tokens * per_token) return;
+  const uint64_t t = v / per_token;
+  const uint32_t layer = static_cast<uint32_t>((v % per_token) / 2);
+  const serving::KvPart part = static_cast<serving::KvPart>(v % 2);
+  WarpCopy(src + g.OffsetInBatch(t, layer, part),
+           pool + page_offsets[t] + g.OffsetInPage(layer, part, slots[t]), g.vector_bytes(),
+           threadIdx.x % 32);
+}
+
+unsigned Blocks(uint64_t warps) {
+  return static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock);
+}
+
+}  // namespace
+
+int CudaDeviceCount(std::string* error) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    if (error != nullptr) *error = CudaError("cudaGetDeviceCount", e);
+    return 0;
+  }
+  return n;
+}
+
+struct CudaPool::CopyState {
+  CudaCopyClass cls;
+  std::function<void(CudaResult)> done;
+  std::atomic<int> left{0};  // pieces not completed, plus the submitter's guard
+  std::mutex mu;
+  std::string error;  // first failure
+};
+
+struct CudaPool::Piece {
+  int block = 0;
+  size_t bytes = 0;
+  std::shared_ptr<CopyState> copy;
+};
+
+struct CudaPool::ClassState {
+  CudaCopyClass cls = CudaCopyClass::kCritical;
+  cudaStream_t stream = nullptr;
+  std::vector<std::byte*> blocks;       // pinned
+  std::vector<cudaEvent_t> start, end;  // per block
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<int> free_blocks;
+  std::deque<Piece> queue;  // in stream order
+  bool stop = false;
+  std::thread thread;
+  // Callbacks of completed copies, run in order by their own thread: a callback may submit a
+  // copy that waits for a staging block, which only the completion thread can free.
+  std::mutex ready_mu;
+  std::condition_variable ready_cv;
+  std::deque<std::function<void()>> ready;
+  bool ready_stop = false;
+  std::thread callback_thread;
+
+  void Post(std::function<void()> fn) {
+    {
+      std::lock_guard<std::mutex> lock(ready_mu);
+      ready.push_back(std::move(fn));
+    }
+    ready_cv.notify_one();
+  }
+  void CallbackLoop() {
+    while (true) {
+      std::function<void()> fn;
+      {
+        std::unique_lock<std::mutex> lock(ready_mu);
+        ready_cv.wait(lock, [&] { return ready_stop || !ready.empty(); });
+        if (ready.empty()) return;
+        fn = std::move(ready.front());
+        ready.pop_front();
+      }
+      fn();
+    }
+  }
+};
+
+CudaPool::CudaPool(const CudaPoolOptions& options) : options_(options) {}
+
+std::unique_ptr<CudaPool> CudaPool::Create(const CudaPoolOptions& options, CudaResult* result) {
+  if (options.pool_bytes == 0 || options.staging_block_bytes == 0 ||
+      options.staging_blocks_per_class <= 0 || options.kernel_scratch_bytes < 64) {
+    *result = CudaResult::Error(
+        "cuda pool: pool_bytes, staging_block_bytes, staging_blocks_per_class must be positive and "
+        "kernel_scratch_bytes at least 64");
+    return nullptr;
+  }
+  std::string count_error;
+  const int count = CudaDeviceCount(&count_error);
+  if (options.device < 0 || options.device >= count) {
+    *result = CudaResult::Error("cuda pool: no CUDA device " + std::to_string(options.device) +
+                                " (" + std::to_string(count) + " visible" +
+                                (count_error.empty() ? "" : "; " + count_error) + ")");
+    return nullptr;
+  }
+  std::unique_ptr<CudaPool> pool(new CudaPool(options));
+  *result = pool->Init();
+  if (!result->ok()) return nullptr;
+  return pool;
+}
+
+CudaResult CudaPool::Init() {
+  HLEM_CUDA_RETURN(cudaSetDevice(options_.device));
+  cudaDeviceProp prop;
+  HLEM_CUDA_RETURN(cudaGetDeviceProperties(&prop, options_.device));
+  name_ = "cuda:" + std::to_string(options_.device) + " " + prop.name;
+  HLEM_CUDA_RETURN(cudaMalloc(reinterpret_cast<void**>(&pool_), options_.pool_bytes));
+  pool_bytes_ = options_.pool_bytes;
+  int least = 0, greatest = 0;
+  HLEM_CUDA_RETURN(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  cudaStream_t s;
+  HLEM_CUDA_RETURN(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest));
+  compute_stream_ = s;
+  HLEM_CUDA_RETURN(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  read_stream_ = s;
+  HLEM_CUDA_RETURN(
+      cudaMalloc(reinterpret_cast<void**>(&scratch_device_), options_.kernel_scratch_bytes));
+  HLEM_CUDA_RETURN(cudaHostAlloc(reinterpret_cast<void**>(&scratch_pinned_),
+                                 options_.kernel_scratch_bytes, cudaHostAllocDefault));
+  cudaEvent_t ev;
+  HLEM_CUDA_RETURN(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  scratch_event_ = ev;
+  HLEM_CUDA_RETURN(cudaEventRecord(ev, S(compute_stream_)));
+  for (int k = 0; k < 2; ++k) {
+    auto c = std::make_unique<ClassState>();
+    c->cls = static_cast<CudaCopyClass>(k);
+    HLEM_CUDA_RETURN(
+        cudaStreamCreateWithPriority(&c->stream, cudaStreamNonBlocking, k == 0 ? greatest : least));
+    for (int b = 0; b < options_.staging_blocks_per_class; ++b) {
+      std::byte* block = nullptr;
+      HLEM_CUDA_RETURN(cudaHostAlloc(reinterpret_cast<void**>(&block), options_.staging_block_bytes,
+                                     cudaHostAllocDefault));
+      c->blocks.push_back(block);
+      cudaEvent_t e0, e1;
+      HLEM_CUDA_RETURN(cudaEventCreate(&e0));
+      HLEM_CUDA_RETURN(cudaEventCreate(&e1));
+      c->start.push_back(e0);
+      c->end.push_back(e1);
+      c->free_blocks.push_back(b);
+    }
+    ClassState* raw = c.get();
+    c->thread = std::thread([this, raw] { CompletionLoop(raw); });
+    c->callback_thread = std::thread([raw] { raw->CallbackLoop(); });
+    classes_[k] = std::move(c);
+  }
+  return CudaResult::Ok();
+}
+
+CudaPool::~CudaPool() {
+  for (auto& c : classes_) {
+    if (c == nullptr) continue;
+    {
+      std::lock_guard<std::mutex> lock(c->mu);
+      c->stop = true;
+    }
+    c->cv.notify_all();
+    if (c->thread.joinable()) c->thread.join();
+    {
+      std::lock_guard<std::mutex> lock(c->ready_mu);
+      c->ready_stop = true;
+    }
+    c->ready_cv.notify_all();
+    if (c->callback_thread.joinable()) c->callback_thread.join();
+  }
+  cudaSetDevice(options_.device);
+  if (compute_stream_ != nullptr) cudaStreamSynchronize(S(compute_stream_));
+  for (auto& c : classes_) {
+    if (c == nullptr) continue;
+    if (c->stream != nullptr) cudaStreamDestroy(c->stream);
+    for (std::byte* b : c->blocks) cudaFreeHost(b);
+    for (cudaEvent_t e : c->start) cudaEventDestroy(e);
+    for (cudaEvent_t e : c->end) cudaEventDestroy(e);
+  }
+  if (scratch_event_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(scratch_event_));
+  if (scratch_pinned_ != nullptr) cudaFreeHost(scratch_pinned_);
+  if (scratch_device_ != nullptr) cudaFree(scratch_device_);
+  if (compute_stream_ != nullptr) cudaStreamDestroy(S(compute_stream_));
+  if (read_stream_ != nullptr) cudaStreamDestroy(S(read_stream_));
+  if (pool_ != nullptr) cudaFree(pool_);
+}
+
+void CudaPool::CopyToPool(CudaCopyClass cls, const std::byte* src, uint64_t pool_offset,
+                          size_t bytes, std::function<void(CudaResult)> done) {
+  if (pool_offset > pool_bytes_ || bytes > pool_bytes_ - pool_offset) {
+    done(CudaResult::Error("CopyToPool: " + std::to_string(bytes) + " bytes at offset " +
+                           std::to_string(pool_offset) + " leave the " +
+                           std::to_string(pool_bytes_) + "-byte pool"));
+    return;
+  }
+  ClassState& c = *classes_[static_cast<int>(cls)];
+  auto copy = std::make_shared<CopyState>();
+  copy->cls = cls;
+  copy->done = std::move(done);
+  const size_t block_bytes = options_.staging_block_bytes;
+  const size_t pieces = bytes == 0 ? 0 : (bytes + block_bytes - 1) / block_bytes;
+  copy->left.store(static_cast<int>(pieces) + 1);
+  if (cls == CudaCopyClass::kCritical) critical_in_flight_.fetch_add(1);
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    ++stats_.copies[static_cast<int>(cls)];
+    stats_.bytes[static_cast<int>(cls)] += bytes;
+  }
+  cudaSetDevice(options_.device);
+  size_t submitted = 0;
+  for (size_t off = 0; off < bytes; off += block_bytes) {
+    const size_t n = std::min(block_bytes, bytes - off);
+    int block;
+    {
+      std::unique_lock<std::mutex> lock(c.mu);
+      c.cv.wait(lock, [&] { return !c.free_blocks.empty(); });
+      block = c.free_blocks.back();
+      c.free_blocks.pop_back();
+    }
+    std::memcpy(c.blocks[block], src + off, n);
+    cudaError_t e;
+    {
+      // Record, copy and enqueue under one lock so the completion queue is in stream order.
+      std::lock_guard<std::mutex> lock(c.mu);
+      e = cudaEventRecord(c.start[block], c.stream);
+      if (e == cudaSuccess) {
+        e = cudaMemcpyAsync(pool_ + pool_offset + off, c.blocks[block], n, cudaMemcpyHostToDevice,
+                            c.stream);
+      }
+      if (e == cudaSuccess) e = cudaEventRecord(c.end[block], c.stream);
+      if (e == cudaSuccess) {
+        c.queue.push_back(Piece{block, n, copy});
+      } else {
+        c.free_blocks.push_back(block);
+      }
+    }
+    if (e != cudaSuccess) {
+      std::lock_guard<std::mutex> lock(copy->mu);
+      copy->error = CudaError("cudaMemcpyAsync", e);
+      break;
+    }
+    c.cv.notify_all();
+    ++submitted;
+  }
+  // Drop the pieces never submitted and the guard; whoever reaches zero reports.
+  const int unsent = static_cast<int>(pieces - submitted) + 1;
+  if (copy->left.fetch_sub(unsent) == unsent) {
+    if (cls == CudaCopyClass::kCritical) critical_in_flight_.fetch_sub(1);
+    copy->done(copy->error.empty() ? CudaResult::Ok() : CudaResult::Error(copy->error));
+  }
+}
+
+void CudaPool::CompletionLoop(ClassState* c) {
+  cudaSetDevice(options_.device);
+  while (true) {
+    Piece piece;
+    {
+      std::unique_lock<std::mutex> lock(c->mu);
+      c->cv.wait(lock, [&] { return c->stop || !c->queue.empty(); });
+      if (c->queue.empty()) return;  // stopping, and nothing is left in flight
+      piece = std::move(c->queue.front());
+      c->queue.pop_front();
+    }
+    const cudaError_t e = cudaEventSynchronize(c->end[piece.block]);
+    float ms = 0;
+    if (e == cudaSuccess) cudaEventElapsedTime(&ms, c->start[piece.block], c->end[piece.block]);
+    {
+      std::lock_guard<std::mutex> lock(c->mu);
+      c->free_blocks.push_back(piece.block);
+    }
+    c->cv.notify_all();
+    {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      stats_.busy_ns[static_cast<int>(c->cls)] += static_cast<uint64_t>(ms * 1e6);
+    }
+    CopyState& copy = *piece.copy;
+    if (e != cudaSuccess) {
+      std::lock_guard<std::mutex> lock(copy.mu);
+      if (copy.error.empty()) copy.error = CudaError("copy to pool", e);
+    }
+    if (copy.left.fetch_sub(1) == 1) {
+      if (copy.cls == CudaCopyClass::kCritical) critical_in_flight_.fetch_sub(1);
+      c->Post([copy = piece.copy] {
+        copy->done(copy->error.empty() ? CudaResult::Ok() : CudaResult::Error(copy->error));
+      });
+    }
+  }
+}
+
+CudaResult CudaPool::ReadPool(uint64_t pool_offset, std::byte* dst, size_t bytes) {
+  if (pool_offset > pool_bytes_ || bytes > pool_bytes_ - pool_offset) {
+    return CudaResult::Error("ReadPool: " + std::to_string(bytes) + " bytes at offset " +
+                             std::to_string(pool_offset) + " leave the pool");
+  }
+  HLEM_CUDA_RETURN(cudaSetDevice(options_.device));
+  for (auto& c : classes_) HLEM_CUDA_RETURN(cudaStreamSynchronize(c->stream));
+  HLEM_CUDA_RETURN(cudaStreamSynchronize(S(compute_stream_)));
+  HLEM_CUDA_RETURN(
+      cudaMemcpyAsync(dst, pool_ + pool_offset, bytes, cudaMemcpyDeviceToHost, S(read_stream_)));
+  HLEM_CUDA_RETURN(cudaStreamSynchronize(S(read_stream_)));
+  return CudaResult::Ok();
+}
+
+CudaResult CudaPool::Alloc(size_t bytes, std::byte** device_ptr) {
+  HLEM_CUDA_RETURN(cudaSetDevice(options_.device));
+  HLEM_CUDA_RETURN(cudaMalloc(reinterpret_cast<void**>(device_ptr), bytes));
+  return CudaResult::Ok();
+}
+
+void CudaPool::Free(std::byte* device_ptr) {
+  cudaSetDevice(options_.device);
+  cudaFree(device_ptr);
+}
+
+CudaResult CudaPool::Write(std::byte* device_dst, const std::byte* src, size_t bytes) {
+  std::lock_guard<std::mutex> lock(kernel_mu_);
+  HLEM_CUDA_RETURN(cudaSetDevice(options_.device));
+  HLEM_CUDA_RETURN(
+      cudaMemcpyAsync(device_dst, src, bytes, cudaMemcpyHostToDevice, S(compute_stream_)));
+  HLEM_CUDA_RETURN(cudaStreamSynchronize(S(compute_stream_)));
+  return CudaResult::Ok();
+}
+
+CudaResult CudaPool::Read(const std::byte* device_src, std::byte* dst, size_t bytes) {
+  std::lock_guard<std::mutex> lock(kernel_mu_);
+  HLEM_CUDA_RETURN(cudaSetDevice(options_.device));
+  HLEM_CUDA_RETURN(
+      cudaMemcpyAsync(dst, device_src, bytes, cudaMemcpyDeviceToHost, S(compute_stream_)));
+  HLEM_CUDA_RETURN(cudaStreamSynchronize(S(compute_stream_)));
+  return CudaResult::Ok();
+}
+
+CudaResult CudaPool::StageIndex(const void* host, size_t bytes, size_t scratch_offset,
+                                void** device_ptr) {
+  std::memcpy(scratch_pinned_ + scratch_offset, host, bytes);
+  HLEM_CUDA_RETURN(cudaMemcpyAsync(scratch_device_ + scratch_offset,
+                                   scratch_pinned_ + scratch_offset, bytes, cudaMemcpyHostToDevice,
+                                   S(compute_stream_)));
+  *device_ptr = scratch_device_ + scratch_offset;
+  return CudaResult::Ok();
+}
+
+CudaResult CudaPool::GatherRows(const uint64_t* offsets, size_t rows, uint32_t row_bytes,
+                                std::byte* device_dst) {
+  std::lock_guard<std::mutex> lock(kernel_mu_);
+  HLEM_CUDA_RETURN(cudaSetDevice(options_.device));
+  const size_t per_batch = options_.kernel_scratch_bytes / sizeof(uint64_t);
+  for (size_t first = 0; first < rows; first += per_batch) {
+    const size_t n = std::min(per_batch, rows - first);
+    // The pinned scratch is reused: wait until the previous kernel's index copy has run.
+    HLEM_CUDA_RETURN(cudaEventSynchronize(static_cast<cudaEvent_t>(scratch_event_)));
+    void* dev_offsets = nullptr;
+    CudaResult staged = StageIndex(offsets + first, n * sizeof(uint64_t), 0, &dev_offsets);
+    if (!staged.ok()) return staged;
+    HLEM_CUDA_RETURN(cudaEventRecord(static_cast<cudaEvent_t>(scratch_event_), S(compute_stream_)));
+    GatherRowsKernel<<<Blocks(n), kThreads, 0, S(compute_stream_)>>>(
+        pool_, static_cast<const uint64_t*>(dev_offsets), n, row_bytes,
+        device_dst + first * row_bytes);
+    HLEM_CUDA_RETURN(cudaGetLastError());
+  }
+  std::lock_guard<std::mutex> stats_lock(stats_mu_);
+  stats_.gathered_rows += rows;
+  return CudaResult::Ok();
+}
+
+CudaResult CudaPool::ScatterKv(const serving::KvGeometry& g, const uint64_t* page_offsets,
+                               const uint32_t* slots, size_t tokens, const std::byte* device_src) {
+  std::lock_guard<std::mutex> lock(kernel_mu_);
+  HLEM_CUDA_RETURN(cudaSetDevice(options_.device));
+  // Scratch: page offsets first, slots after them (16-byte aligned).
+  const size_t per_batch =
+      options_.kernel_scratch_bytes / (sizeof(uint64_t) + sizeof(uint32_t)) - 4;
+  for (size_t first = 0; first < tokens; first += per_batch) {
+    const size_t n = std::min(per_batch, tokens - first);
+    HLEM_CUDA_RETURN(cudaEventSynchronize(static_cast<cudaEvent_t>(scratch_event_)));
+    void* dev_pages = nullptr;
+    void* dev_slots = nullptr;
+    const size_t slots_at = (n * sizeof(uint64_t) + 15) / 16 * 16;
+    CudaResult staged = StageIndex(page_offsets + first, n * sizeof(uint64_t), 0, &dev_pages);
+    if (staged.ok()) staged = StageIndex(slots + first, n * sizeof(uint32_t), slots_at, &dev_slots);
+    if (!staged.ok()) return staged;
+    HLEM_CUDA_RETURN(cudaEventRecord(static_cast<cudaEvent_t>(scratch_event_), S(compute_stream_)));
+    ScatterKvKernel<<<Blocks(n * g.layers * 2), kThreads, 0, S(compute_stream_)>>>(
+        g, pool_, static_cast<const uint64_t*>(dev_pages), static_cast<const uint32_t*>(dev_slots),
+        n, device_src + first * g.token_bytes());
+    HLEM_CUDA_RETURN(cudaGetLastError());
+  }
+  std::lock_guard<std::mutex> stats_lock(stats_mu_);
+  stats_.scattered_tokens += tokens;
+  return CudaResult::Ok();
+}
+
+CudaResult CudaPool::Synchronize() {
+  HLEM_CUDA_RETURN(cudaSetDevice(options_.device));
+  HLEM_CUDA_RETURN(cudaStreamSynchronize(S(compute_stream_)));
+  return CudaResult::Ok();
+}
+
+CudaPoolStats CudaPool::stats() const {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  return stats_;
+}
+
+}  // namespace hlem::cuda

@@ -1,0 +1,139 @@
+#pragma once
+// The CUDA side of the `cuda` device (ARCHITECTURE §4), with no dependency beyond the CUDA runtime
+// and the standard library, so that scripts/gpu-check.sh can build and run it on a bare GPU host.
+// serving_node/device/cuda_device.h adapts it to the serving::Device interface.
+//
+// - One cudaMalloc'd pool (the HBM pool the HbmPool's pages index).
+// - Host-to-pool copies staged through pinned buffers: the caller's bytes are copied into a
+//   pinned block on the submitting thread, then cudaMemcpyAsync'd on the copy stream of the
+//   copy's class: critical copies (misses of live requests) and background copies (refill) on two
+//   streams, so a critical copy never queues behind background copies in one stream. The hardware
+//   does not order copies by stream priority; the refill throttler keeps background traffic out of
+//   the way (one chunk in flight, none while critical_pending()).
+// - Completions: a thread per class waits for each copy's event in submission order and hands
+//   its callback to a callback thread of the class (outside any CUDA callback, and never on the
+//   thread that frees staging blocks, so a callback may submit more copies).
+// - Kernels (GatherRows, ScatterKv) on one compute stream created with the highest priority, in
+//   issue order; Synchronize waits for them. Their semantics are those of gather_scatter.h.
+//
+// Errors are returned as CudaResult (ok, or a message that names the call and CUDA's error).
+// Thread-safe.
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "serving_node/core/kv_geometry.h"
+
+namespace hlem::cuda {
+
+class CudaResult {
+ public:
+  static CudaResult Ok() { return CudaResult(); }
+  static CudaResult Error(std::string message) { return CudaResult(std::move(message)); }
+  bool ok() const { return message_.empty(); }
+  const std::string& message() const { return message_; }
+
+ private:
+  CudaResult() = default;
+  explicit CudaResult(std::string message)
+      : message_(message.empty() ? "unknown CUDA error" : std::move(message)) {}
+  std::string message_;
+};
+
+struct CudaPoolOptions {
+  uint64_t pool_bytes = 0;
+  int device = 0;                          // CUDA device ordinal
+  size_t staging_block_bytes = 1 << 20;    // one pinned staging block; larger copies are split
+  int staging_blocks_per_class = 8;        // blocks per copy class (submitters wait when all busy)
+  size_t kernel_scratch_bytes = 16 << 20;  // device + pinned scratch for kernel index arrays
+};
+
+enum class CudaCopyClass : int { kCritical = 0, kBackground = 1 };
+
+struct CudaPoolStats {
+  uint64_t copies[2] = {0, 0};  // by CudaCopyClass
+  uint64_t bytes[2] = {0, 0};
+  uint64_t busy_ns[2] = {0, 0};  // GPU time of each class's copies (events around each piece)
+  uint64_t gathered_rows = 0;
+  uint64_t scattered_tokens = 0;
+};
+
+// How many CUDA devices this process sees (0 when there is no driver or no device); *error says
+// why when it is 0 and CUDA reported an error.
+int CudaDeviceCount(std::string* error = nullptr);
+
+class CudaPool {
+ public:
+  // Allocates the pool, the staging blocks, the scratch and the streams on options.device.
+  static std::unique_ptr<CudaPool> Create(const CudaPoolOptions& options, CudaResult* result);
+  ~CudaPool();  // waits for every copy in flight and runs its callback first
+  CudaPool(const CudaPool&) = delete;
+  CudaPool& operator=(const CudaPool&) = delete;
+
+  const std::string& name() const { return name_; }  // "cuda:0 NVIDIA H200"
+  uint64_t pool_bytes() const { return pool_bytes_; }
+  std::byte* pool() { return pool_; }  // device address
+
+  // Copies host bytes into the pool; `done` runs once, on the class's callback thread, with the
+  // outcome (inline when the range leaves the pool). `src` may be reused as soon as CopyToPool
+  // returns (it is staged before). Blocks while every staging block of the class is in use.
+  void CopyToPool(CudaCopyClass cls, const std::byte* src, uint64_t pool_offset, size_t bytes,
+                  std::function<void(CudaResult)> done);
+  // Copies pool bytes to host memory, after every copy submitted before and every kernel.
+  CudaResult ReadPool(uint64_t pool_offset, std::byte* dst, size_t bytes);
+  // Critical copies submitted and not yet completed.
+  bool critical_pending() const { return critical_in_flight_.load() > 0; }
+
+  // Device buffers for kernel inputs and outputs.
+  CudaResult Alloc(size_t bytes, std::byte** device_ptr);
+  void Free(std::byte* device_ptr);
+  // Synchronous host <-> device buffer copies, ordered after the kernels issued before.
+  CudaResult Write(std::byte* device_dst, const std::byte* src, size_t bytes);
+  CudaResult Read(const std::byte* device_src, std::byte* dst, size_t bytes);
+
+  // Kernels; the caller has checked the arguments (device.h's CheckGather / CheckScatter).
+  CudaResult GatherRows(const uint64_t* offsets, size_t rows, uint32_t row_bytes,
+                        std::byte* device_dst);
+  CudaResult ScatterKv(const serving::KvGeometry& geometry, const uint64_t* page_offsets,
+                       const uint32_t* slots, size_t tokens, const std::byte* device_src);
+  CudaResult Synchronize();
+
+  CudaPoolStats stats() const;
+
+ private:
+  struct Piece;       // one staged cudaMemcpyAsync
+  struct CopyState;   // one CopyToPool, split into pieces
+  struct ClassState;  // a copy class: stream, staging blocks, completion thread
+
+  explicit CudaPool(const CudaPoolOptions& options);
+  CudaResult Init();
+  void CompletionLoop(ClassState* c);
+  // Copies an index array into the kernel scratch (pinned, then device) on the compute stream.
+  CudaResult StageIndex(const void* host, size_t bytes, size_t scratch_offset, void** device_ptr);
+
+  const CudaPoolOptions options_;
+  std::string name_;
+  uint64_t pool_bytes_ = 0;
+  std::byte* pool_ = nullptr;
+  void* compute_stream_ = nullptr;  // cudaStream_t
+  void* read_stream_ = nullptr;
+  std::byte* scratch_device_ = nullptr;
+  std::byte* scratch_pinned_ = nullptr;
+  void* scratch_event_ = nullptr;  // the last kernel that read the scratch
+  std::mutex kernel_mu_;           // one kernel launch (and scratch use) at a time
+  std::unique_ptr<ClassState> classes_[2];
+  std::atomic<int64_t> critical_in_flight_{0};
+  mutable std::mutex stats_mu_;
+  CudaPoolStats stats_;
+};
+
+}  // namespace hlem::cuda
