@@ -7,6 +7,9 @@
 namespace hlem::serving {
 namespace {
 
+// Buffers of another device hold host addresses: a kernel must never see one.
+absl::Status CheckOwn(const char* op, const DeviceBuffer& buffer);
+
 absl::Status ToStatus(const cuda::CudaResult& r) {
   return r.ok() ? absl::OkStatus() : absl::InternalError(r.message());
 }
@@ -26,19 +29,29 @@ class CudaBuffer final : public DeviceBuffer {
   const size_t bytes_;
 };
 
+absl::Status CheckOwn(const char* op, const DeviceBuffer& buffer) {
+  if (dynamic_cast<const CudaBuffer*>(&buffer) == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": the buffer was not allocated by this cuda device"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(const CudaDeviceOptions& options) {
   if (options.pool_bytes == 0) return absl::InvalidArgumentError("pool.bytes: must be > 0");
-  if (options.staging_block_bytes == 0 || options.staging_blocks_per_class <= 0) {
-    return absl::InvalidArgumentError("cuda.staging: block bytes and block count must be > 0");
+  if (options.max_piece_bytes == 0 ||
+      options.staging_bytes_per_class < 2 * options.max_piece_bytes) {
+    return absl::InvalidArgumentError(
+        "cuda.staging: max_piece_bytes must be > 0 and staging_bytes_per_class at least twice it");
   }
   cuda::CudaResult result = cuda::CudaResult::Ok();
   std::unique_ptr<cuda::CudaPool> pool =
       cuda::CudaPool::Create({.pool_bytes = options.pool_bytes,
                               .device = options.device,
-                              .staging_block_bytes = options.staging_block_bytes,
-                              .staging_blocks_per_class = options.staging_blocks_per_class},
+                              .staging_bytes_per_class = options.staging_bytes_per_class,
+                              .max_piece_bytes = options.max_piece_bytes},
                              &result);
   if (pool == nullptr) return absl::UnavailableError(result.message());
   return std::unique_ptr<CudaDevice>(new CudaDevice(std::move(pool)));
@@ -82,18 +95,21 @@ absl::StatusOr<std::unique_ptr<DeviceBuffer>> CudaDevice::AllocBuffer(size_t byt
 
 absl::Status CudaDevice::WriteBuffer(DeviceBuffer& dst, size_t offset, const std::byte* src,
                                      size_t bytes) {
+  if (absl::Status st = CheckOwn("WriteBuffer", dst); !st.ok()) return st;
   if (absl::Status st = CheckBufferRange("WriteBuffer", dst, offset, bytes); !st.ok()) return st;
   return ToStatus(pool_->Write(dst.data() + offset, src, bytes));
 }
 
 absl::Status CudaDevice::ReadBuffer(const DeviceBuffer& src, size_t offset, std::byte* dst,
                                     size_t bytes) {
+  if (absl::Status st = CheckOwn("ReadBuffer", src); !st.ok()) return st;
   if (absl::Status st = CheckBufferRange("ReadBuffer", src, offset, bytes); !st.ok()) return st;
   return ToStatus(pool_->Read(src.data() + offset, dst, bytes));
 }
 
 absl::Status CudaDevice::GatherRows(std::span<const uint64_t> pool_offsets, uint32_t row_bytes,
                                     DeviceBuffer& dst) {
+  if (absl::Status st = CheckOwn("GatherRows", dst); !st.ok()) return st;
   absl::Status st = CheckGather(pool_bytes(), pool_offsets, row_bytes, dst.size());
   if (!st.ok()) return st;
   return ToStatus(
@@ -103,6 +119,7 @@ absl::Status CudaDevice::GatherRows(std::span<const uint64_t> pool_offsets, uint
 absl::Status CudaDevice::ScatterKv(const KvGeometry& geometry,
                                    std::span<const uint64_t> page_offsets,
                                    std::span<const uint32_t> slots, const DeviceBuffer& src) {
+  if (absl::Status st = CheckOwn("ScatterKv", src); !st.ok()) return st;
   absl::Status st = CheckScatter(pool_bytes(), geometry, page_offsets, slots, src.size());
   if (!st.ok()) return st;
   return ToStatus(
@@ -117,6 +134,8 @@ DeviceCopyStats CudaDevice::stats() const {
     absl::MutexLock lock(&mu_);
     s = stats_;
   }
+  // GPU time of both classes' copies: overlapping copies count twice, so this can exceed wall
+  // time when both streams are busy (an upper bound on link busy time).
   const cuda::CudaPoolStats c = pool_->stats();
   s.link_busy_ns = c.busy_ns[0] + c.busy_ns[1];
   return s;

@@ -17,9 +17,9 @@ namespace hlem::serving {
 
 struct CudaDeviceOptions {
   uint64_t pool_bytes = 0;
-  int device = 0;                        // CUDA device ordinal
-  size_t staging_block_bytes = 1 << 20;  // pinned staging block; larger copies are split
-  int staging_blocks_per_class = 8;
+  int device = 0;                            // CUDA device ordinal
+  size_t staging_bytes_per_class = 8 << 20;  // pinned staging ring per copy class
+  size_t max_piece_bytes = 1 << 20;          // larger copies are split
 };
 
 class CudaDevice final : public Device {

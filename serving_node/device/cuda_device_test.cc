@@ -102,6 +102,9 @@ TEST_F(CudaDeviceGpuTest, BadArgumentsAreRejectedAsOnTheCpuDevice) {
   EXPECT_EQ(gpu_->GatherRows(out_of_pool, 256, *buf).code(), absl::StatusCode::kInvalidArgument);
   std::byte x[8];
   EXPECT_EQ(gpu_->ReadBuffer(*buf, 1020, x, 8).code(), absl::StatusCode::kInvalidArgument);
+  auto host = *cpu_->AllocBuffer(1024);  // another device's buffer: a host address
+  const uint64_t zero[] = {0};
+  EXPECT_EQ(gpu_->GatherRows(zero, 256, *host).code(), absl::StatusCode::kInvalidArgument);
   absl::Status copy;
   gpu_->CopyToPool(CopyClass::kCritical, CopyPurpose::kEmbMiss, x, (64 << 20) - 4, 8,
                    [&](absl::Status s) { copy = s; });

@@ -48,9 +48,15 @@ class Waiter {
       cv_.notify_all();
     };
   }
-  bool Wait(std::chrono::seconds limit = std::chrono::seconds(60)) {
+  // A hang is a failure; the callbacks still pending may touch the caller's buffers, so the run
+  // ends here rather than going on.
+  void Wait(const char* check, std::chrono::seconds limit = std::chrono::seconds(60)) {
     std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, limit, [&] { return done_ == expected_; });
+    if (!cv_.wait_for(lock, limit, [&] { return done_ == expected_; })) {
+      std::printf("%-44s FAIL  %d of %d callbacks after %lld s: giving up\n", check, done_,
+                  expected_, static_cast<long long>(limit.count()));
+      std::exit(1);
+    }
   }
   std::vector<std::string> errors() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -87,16 +93,32 @@ void CheckCopies(CudaPool& pool, std::vector<std::byte>& mirror) {
       off += n + 3;  // unaligned starts
     }
   }
-  const bool completed = w.Wait();
+  w.Wait("copies of 1 B .. 5 MiB, both classes");
   std::vector<std::byte> back(pool.pool_bytes());
   CudaResult r = pool.ReadPool(0, back.data(), back.size());
   const bool same = r.ok() && std::memcmp(back.data(), mirror.data(), off) == 0;
-  Report("copies of 1 B .. 5 MiB, both classes", completed && w.errors().empty() && same,
-         r.ok() ? "" : r.message());
+  Report("copies of 1 B .. 5 MiB, both classes", w.errors().empty() && same,
+         r.ok() ? (w.errors().empty() ? "" : w.errors()[0]) : r.message());
+}
+
+// Many small copies (a miss path copies row by row): the staging ring carves them contiguously.
+void CheckSmallCopies(CudaPool& pool, std::vector<std::byte>& mirror) {
+  constexpr size_t kRows = 20000, kRow = 256;
+  const uint64_t base = 160 << 20;
+  std::vector<std::byte> data = Random(kRows * kRow, 55);
+  Waiter w;
+  for (size_t i = 0; i < kRows; ++i) {
+    pool.CopyToPool(CudaCopyClass::kCritical, data.data() + i * kRow, base + i * kRow, kRow,
+                    w.Callback());
+  }
+  std::memcpy(mirror.data() + base, data.data(), data.size());
+  w.Wait("20 000 critical copies of 256 B");
+  std::vector<std::byte> back(data.size());
+  CudaResult r = pool.ReadPool(base, back.data(), back.size());
+  Report("20 000 critical copies of 256 B", w.errors().empty() && r.ok() && back == data);
 }
 
 void CheckBadRanges(CudaPool& pool) {
-  Waiter w;
   std::string error;
   std::vector<std::byte> src(16);
   pool.CopyToPool(CudaCopyClass::kCritical, src.data(), pool.pool_bytes() - 8, 16,
@@ -131,34 +153,42 @@ void CheckConcurrentSubmitters(CudaPool& pool, std::vector<std::byte>& mirror) {
     });
   }
   for (auto& th : threads) th.join();
-  const bool completed = w.Wait();
+  w.Wait("4 threads x 128 copies of 64 KiB");
   std::vector<std::byte> back(4 * kRange);
   CudaResult r = pool.ReadPool(base, back.data(), back.size());
   const bool same = r.ok() && std::memcmp(back.data(), mirror.data() + base, back.size()) == 0;
-  Report("4 threads x 512 copies of 64 KiB", completed && w.errors().empty() && same);
+  Report("4 threads x 128 copies of 64 KiB", w.errors().empty() && same);
 }
 
 void CheckCallbackResubmits(CudaPool& pool) {
   // A chain of background copies, each submitted from the previous one's callback, more links
-  // than there are staging blocks: must not deadlock.
+  // than the staging ring holds pieces: must not deadlock, and every link must succeed.
   std::vector<std::byte> src(1 << 20);
   std::mutex mu;
   std::condition_variable cv;
   int left = 64;
-  std::function<void(CudaResult)> next = [&](CudaResult) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (--left > 0) {
-      pool.CopyToPool(CudaCopyClass::kBackground, src.data(), 0, src.size(), next);
+  int failed = 0;
+  std::function<void(CudaResult)> next = [&](CudaResult r) {
+    bool again;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      failed += r.ok() ? 0 : 1;
+      again = --left > 0;
     }
     cv.notify_all();
+    if (again) pool.CopyToPool(CudaCopyClass::kBackground, src.data(), 0, src.size(), next);
   };
   pool.CopyToPool(CudaCopyClass::kBackground, src.data(), 0, src.size(), next);
   std::unique_lock<std::mutex> lock(mu);
-  const bool done = cv.wait_for(lock, std::chrono::seconds(30), [&] { return left == 0; });
-  Report("callbacks that submit copies (64 links)", done);
+  if (!cv.wait_for(lock, std::chrono::seconds(30), [&] { return left == 0; })) {
+    std::printf("%-44s FAIL  %d links left after 30 s: giving up\n", "callbacks that submit copies",
+                left);
+    std::exit(1);
+  }
+  Report("callbacks that submit copies (64 links)", failed == 0);
 }
 
-void CheckGather(CudaPool& pool, const std::vector<std::byte>& mirror) {
+void CheckGather(CudaPool& pool, const std::vector<std::byte>& mirror, const char* label) {
   std::mt19937_64 rng(7);
   bool all = true;
   std::string detail;
@@ -185,15 +215,15 @@ void CheckGather(CudaPool& pool, const std::vector<std::byte>& mirror) {
       }
     }
   }
-  Report("gather == host reference (4 .. 2048 B rows)", all, detail);
+  Report(label, all, detail);
 }
 
-void CheckScatter(CudaPool& pool, std::vector<std::byte>& mirror) {
+void CheckScatter(CudaPool& pool, std::vector<std::byte>& mirror, const char* label) {
   bool all = true;
   std::string detail;
   std::mt19937_64 rng(11);
-  for (uint32_t dtype : {2u, 4u}) {
-    KvGeometry g{.layers = 3, .kv_dim = 64, .dtype_bytes = dtype, .page_bytes = 64 << 10};
+  for (auto [kv_dim, dtype] : {std::pair{64u, 2u}, std::pair{64u, 4u}, std::pair{5u, 2u}}) {
+    KvGeometry g{.layers = 3, .kv_dim = kv_dim, .dtype_bytes = dtype, .page_bytes = 64 << 10};
     g.page_tokens = static_cast<uint32_t>(g.page_bytes / g.token_bytes());
     // Distinct (page, slot) targets over the first 256 pages of the pool.
     const size_t tokens = 5000;
@@ -217,41 +247,73 @@ void CheckScatter(CudaPool& pool, std::vector<std::byte>& mirror) {
     if (src != nullptr) pool.Free(src);
     serving::ScatterKvHost(g, mirror.data(), page_offsets.data(), slots.data(), tokens,
                            batch.data());
-    std::vector<std::byte> back(256 * g.page_bytes);
+    std::vector<std::byte> back(pool.pool_bytes());
     if (r.ok()) r = pool.ReadPool(0, back.data(), back.size());
-    if (!r.ok() || std::memcmp(back.data(), mirror.data(), back.size()) != 0) {
+    if (!r.ok() || back != mirror) {
       all = false;
-      detail = "dtype " + std::to_string(dtype) + ": " + (r.ok() ? "bytes differ" : r.message());
+      detail = "kv_dim " + std::to_string(kv_dim) + " dtype " + std::to_string(dtype) + ": " +
+               (r.ok() ? "bytes differ" : r.message());
     }
   }
-  Report("scatter == host reference (5000 tokens)", all, detail);
+  Report(label, all, detail);
+}
+
+// A pool filled with known bytes; the host mirror is what it must hold after every check.
+std::unique_ptr<CudaPool> MakePool(const CudaPoolOptions& options, std::vector<std::byte>* mirror) {
+  CudaResult r = CudaResult::Ok();
+  auto pool = CudaPool::Create(options, &r);
+  if (pool == nullptr) {
+    std::printf("FAIL: cannot create the pool: %s\n", r.message().c_str());
+    std::exit(1);
+  }
+  *mirror = Random(pool->pool_bytes(), options.pool_bytes);
+  Waiter w;
+  pool->CopyToPool(CudaCopyClass::kBackground, mirror->data(), 0, mirror->size(), w.Callback());
+  w.Wait("fill the pool");
+  Report("fill the pool", w.errors().empty());
+  return pool;
 }
 
 int Main() {
+  int count = 0;
   std::string why;
-  if (CudaDeviceCount(&why) == 0) {
-    std::printf("SKIP: no CUDA device%s%s\n", why.empty() ? "" : ": ", why.c_str());
-    return 77;
+  switch (ProbeCuda(&count, &why)) {
+    case CudaAvailability::kNoDevice:
+      std::printf("SKIP: %s\n", why.c_str());
+      return 77;
+    case CudaAvailability::kError:
+      std::printf("FAIL: CUDA is installed but unusable: %s\n", why.c_str());
+      return 1;
+    case CudaAvailability::kAvailable:
+      break;
   }
-  CudaResult r = CudaResult::Ok();
-  auto pool = CudaPool::Create({.pool_bytes = 256 << 20}, &r);
-  if (pool == nullptr) {
-    std::printf("FAIL: cannot create the pool: %s\n", r.message().c_str());
-    return 1;
+  std::vector<std::byte> mirror;
+  {
+    auto pool = MakePool({.pool_bytes = 256 << 20}, &mirror);
+    std::printf("device %s, pool %llu MiB (default staging and scratch)\n", pool->name().c_str(),
+                static_cast<unsigned long long>(pool->pool_bytes() >> 20));
+    CheckCopies(*pool, mirror);
+    CheckSmallCopies(*pool, mirror);
+    CheckBadRanges(*pool);
+    CheckConcurrentSubmitters(*pool, mirror);
+    CheckGather(*pool, mirror, "gather == host reference (4 .. 2048 B rows)");
+    CheckScatter(*pool, mirror, "scatter == host reference (5000 tokens)");
+    CheckCallbackResubmits(*pool);
   }
-  std::printf("device %s, pool %llu MiB\n", pool->name().c_str(),
-              static_cast<unsigned long long>(pool->pool_bytes() >> 20));
-  // Start from known bytes: the host mirror is what the pool must hold after every check.
-  std::vector<std::byte> mirror = Random(pool->pool_bytes(), 1);
-  Waiter w;
-  pool->CopyToPool(CudaCopyClass::kBackground, mirror.data(), 0, mirror.size(), w.Callback());
-  Report("fill the pool (256 MiB)", w.Wait() && w.errors().empty());
-  CheckCopies(*pool, mirror);
-  CheckBadRanges(*pool);
-  CheckConcurrentSubmitters(*pool, mirror);
-  CheckGather(*pool, mirror);
-  CheckScatter(*pool, mirror);
-  CheckCallbackResubmits(*pool);
+  {
+    // Tiny staging and scratch: every copy wraps the ring, every kernel crosses index batches.
+    auto pool = MakePool({.pool_bytes = 192 << 20,
+                          .staging_bytes_per_class = 48 << 10,
+                          .max_piece_bytes = 16 << 10,
+                          .kernel_scratch_bytes = 4096},
+                         &mirror);
+    std::printf("pool %llu MiB, 48 KiB staging rings, 4 KiB kernel scratch\n",
+                static_cast<unsigned long long>(pool->pool_bytes() >> 20));
+    CheckCopies(*pool, mirror);
+    CheckConcurrentSubmitters(*pool, mirror);
+    CheckGather(*pool, mirror, "gather, small scratch");
+    CheckScatter(*pool, mirror, "scatter, small scratch");
+  }
   std::printf("%s: %d failed\n", failures == 0 ? "ALL PASSED" : "FAILED", failures);
   return failures == 0 ? 0 : 1;
 }

@@ -1,10 +1,11 @@
 // Measures what the simulator needs to know about a GPU (issue 3) and writes it to
 // <out>/<device>.csv (for example sim/costs/nvidia-h200.csv): pinned host-to-device bandwidth
 // alone and while kernels run, through the pool's staged copy path, gather rows/s for 256 B and
-// 2 KiB rows, and the latency of a request's critical miss copy alone, next to unthrottled refill
-// traffic, and next to refill throttled as the Refiller does it (one chunk in flight, none issued
-// while a critical copy is pending). Medians and P99 of repeated runs; wall-clock with
-// steady_clock around synchronised work, CUDA events for the raw copies.
+// 2 KiB rows, and the latency of a request's misses (64 critical copies of 256 B) alone, next to
+// unthrottled refill traffic, and next to refill throttled as the Refiller does it (one chunk in
+// flight, none issued while a critical copy is pending, a token bucket). Medians and P99 of
+// repeated runs; wall-clock with steady_clock around synchronised work, CUDA events for the raw
+// copies.
 //
 //   hlem_cuda_costs [--out DIR] [--quick]
 // Exit 77 without a device (nothing written).
@@ -19,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iomanip>
 #include <mutex>
 #include <random>
 #include <string>
@@ -98,17 +100,24 @@ double RawPinnedH2D(CudaPool& pool, size_t chunk, size_t total, cudaStream_t str
   return static_cast<double>(total) / (ms / 1e3) / 1e9;
 }
 
-// Keeps the compute stream busy with gathers until `stop`.
+// Keeps the compute stream busy with gathers until destroyed. The offsets are copied to the device
+// once, so the load puts no traffic on the host-to-device link being measured.
 class KernelLoad {
  public:
   explicit KernelLoad(CudaPool& pool) : pool_(pool) {
-    rows_.resize(1 << 20);
+    std::vector<uint64_t> rows(kRows);
     std::mt19937_64 rng(3);
-    for (auto& r : rows_) r = (rng() % (pool.pool_bytes() / 2048 - 1)) * 2048;
-    Check(pool.Alloc(rows_.size() * 2048, &dst_), "alloc");
+    for (auto& r : rows) r = (rng() % (pool.pool_bytes() / 2048 - 1)) * 2048;
+    Check(pool.Alloc(kRows * 2048, &dst_), "alloc");
+    Check(pool.Alloc(kRows * sizeof(uint64_t), &offsets_), "alloc");
+    Check(pool.Write(offsets_, reinterpret_cast<const std::byte*>(rows.data()),
+                     kRows * sizeof(uint64_t)),
+          "write offsets");
     thread_ = std::thread([this] {
       while (!stop_.load()) {
-        Check(pool_.GatherRows(rows_.data(), rows_.size(), 2048, dst_), "gather");
+        Check(
+            pool_.GatherRowsDevice(reinterpret_cast<const uint64_t*>(offsets_), kRows, 2048, dst_),
+            "gather");
         Check(pool_.Synchronize(), "sync");
         ++batches_;
       }
@@ -118,13 +127,15 @@ class KernelLoad {
     stop_ = true;
     thread_.join();
     pool_.Free(dst_);
+    pool_.Free(offsets_);
   }
   uint64_t batches() const { return batches_.load(); }
 
  private:
+  static constexpr size_t kRows = 1 << 20;
   CudaPool& pool_;
-  std::vector<uint64_t> rows_;
   std::byte* dst_ = nullptr;
+  std::byte* offsets_ = nullptr;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> batches_{0};
   std::thread thread_;
@@ -178,9 +189,13 @@ double GatherRowsPerSecond(CudaPool& pool, uint32_t row_bytes, size_t batch, int
 
 enum class Refill { kNone, kUnthrottled, kThrottled };
 
-// Latency (µs) of critical copies of `critical_bytes`, one every `gap`, while refill runs as told.
-std::vector<double> CriticalLatency(CudaPool& pool, size_t critical_bytes, int samples,
-                                    Refill refill, size_t chunk) {
+// Latency (µs) of a request's misses: `rows` critical copies of `row_bytes` (the miss path copies
+// row by row), from the first submit to the last callback, one request every 200..500 µs, while
+// refill runs as told. Throttled refill follows the Refiller (refill.h): one chunk in flight, none
+// issued while a critical copy is pending, a token bucket of `refill_rate` B/s with a burst of two
+// chunks, polled every 200 µs.
+std::vector<double> CriticalLatency(CudaPool& pool, size_t rows, size_t row_bytes, int samples,
+                                    Refill refill, size_t chunk, double refill_rate) {
   std::atomic<bool> stop{false};
   std::vector<std::byte> refill_src(chunk, std::byte{2});
   std::thread refiller;
@@ -189,17 +204,25 @@ std::vector<double> CriticalLatency(CudaPool& pool, size_t critical_bytes, int s
       std::mutex mu;
       std::condition_variable cv;
       int in_flight = 0;
-      uint64_t off = pool.pool_bytes() / 2;
+      const uint64_t half = pool.pool_bytes() / 2;
+      uint64_t rel = 0;
+      double tokens = 2.0 * chunk;
+      auto last = Clock::now();
       while (!stop.load()) {
         if (refill == Refill::kThrottled) {
-          // The Refiller's rule: one chunk in flight, none issued while a critical copy waits.
           std::unique_lock<std::mutex> lock(mu);
           cv.wait(lock, [&] { return in_flight == 0; });
-          if (pool.critical_pending()) {
-            lock.unlock();
-            std::this_thread::sleep_for(std::chrono::microseconds(20));
+          lock.unlock();
+          const auto now = Clock::now();
+          tokens =
+              std::min(2.0 * chunk,
+                       tokens + std::chrono::duration<double>(now - last).count() * refill_rate);
+          last = now;
+          if (pool.critical_pending() || tokens < static_cast<double>(chunk)) {
+            std::this_thread::sleep_for(std::chrono::microseconds(200));
             continue;
           }
+          tokens -= static_cast<double>(chunk);
         } else {
           std::unique_lock<std::mutex> lock(mu);
           cv.wait(lock, [&] { return in_flight < 4; });  // keep the stream full
@@ -208,38 +231,40 @@ std::vector<double> CriticalLatency(CudaPool& pool, size_t critical_bytes, int s
           std::lock_guard<std::mutex> lock(mu);
           ++in_flight;
         }
-        pool.CopyToPool(CudaCopyClass::kBackground, refill_src.data(), off, chunk,
+        pool.CopyToPool(CudaCopyClass::kBackground, refill_src.data(), half + rel, chunk,
                         [&](CudaResult r) {
                           Check(r, "refill copy");
                           std::lock_guard<std::mutex> lock(mu);
                           --in_flight;
                           cv.notify_all();
                         });
-        off = pool.pool_bytes() / 2 + (off + chunk) % (pool.pool_bytes() / 2 - chunk);
+        rel = (rel + chunk) % (half - chunk);
       }
       std::unique_lock<std::mutex> lock(mu);
       cv.wait(lock, [&] { return in_flight == 0; });
     });
     std::this_thread::sleep_for(std::chrono::milliseconds(50));  // refill under way
   }
-  std::vector<std::byte> src(critical_bytes, std::byte{3});
+  std::vector<std::byte> src(rows * row_bytes, std::byte{3});
   std::vector<double> us;
   std::mt19937_64 rng(5);
   for (int i = 0; i < samples; ++i) {
     std::mutex mu;
     std::condition_variable cv;
-    bool done = false;
+    size_t left = rows;
     const auto t0 = Clock::now();
-    pool.CopyToPool(CudaCopyClass::kCritical, src.data(), (rng() % 1024) * critical_bytes,
-                    critical_bytes, [&](CudaResult r) {
-                      Check(r, "critical copy");
-                      std::lock_guard<std::mutex> lock(mu);
-                      done = true;
-                      cv.notify_all();
-                    });
+    for (size_t k = 0; k < rows; ++k) {
+      pool.CopyToPool(CudaCopyClass::kCritical, src.data() + k * row_bytes,
+                      (rng() % (pool.pool_bytes() / 2 / row_bytes)) * row_bytes, row_bytes,
+                      [&](CudaResult r) {
+                        Check(r, "critical copy");
+                        std::lock_guard<std::mutex> lock(mu);
+                        if (--left == 0) cv.notify_all();
+                      });
+    }
     {
       std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return done; });
+      cv.wait(lock, [&] { return left == 0; });
     }
     us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
     std::this_thread::sleep_for(std::chrono::microseconds(200 + rng() % 300));
@@ -262,10 +287,16 @@ int Main(int argc, char** argv) {
       Die("unknown argument '" + a + "' (known: --out DIR, --quick)");
     }
   }
+  int count = 0;
   std::string why;
-  if (CudaDeviceCount(&why) == 0) {
-    std::printf("SKIP: no CUDA device%s%s\n", why.empty() ? "" : ": ", why.c_str());
-    return 77;
+  switch (ProbeCuda(&count, &why)) {
+    case CudaAvailability::kNoDevice:
+      std::printf("SKIP: %s\n", why.c_str());
+      return 77;
+    case CudaAvailability::kError:
+      Die("CUDA is installed but unusable: " + why);
+    case CudaAvailability::kAvailable:
+      break;
   }
   CudaResult r = CudaResult::Ok();
   auto pool = CudaPool::Create({.pool_bytes = size_t{4} << 30}, &r);
@@ -284,7 +315,8 @@ int Main(int argc, char** argv) {
   Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
   std::vector<double> v;
   for (int i = 0; i < reps; ++i) v.push_back(RawPinnedH2D(*pool, 1 << 20, total, stream));
-  add("h2d_pinned_gbps", Median(v), "GB/s", "cudaMemcpyAsync 1 MiB from pinned, median");
+  const double h2d = Median(v);
+  add("h2d_pinned_gbps", h2d, "GB/s", "cudaMemcpyAsync 1 MiB from pinned, median");
   {
     KernelLoad load(*pool);
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -307,21 +339,21 @@ int Main(int argc, char** argv) {
   }
 
   const int samples = quick ? 200 : 1000;
-  const size_t critical = 64 * 256;  // a request's misses: 64 rows of 256 B
+  const double refill_rate = 0.5 * h2d * 1e9;  // refill gets half the link, as in the local profile
   for (auto [refill, label] :
        {std::pair{Refill::kNone, "alone"}, std::pair{Refill::kUnthrottled, "refill_unthrottled"},
         std::pair{Refill::kThrottled, "refill_throttled"}}) {
-    std::vector<double> us = CriticalLatency(*pool, critical, samples, refill, 1 << 20);
-    add(std::string("critical_copy_16KiB_p50_us_") + label, Percentile(us, 0.5), "us",
-        "submit to callback, 1 MiB refill chunks");
-    add(std::string("critical_copy_16KiB_p99_us_") + label, Percentile(us, 0.99), "us", "");
+    std::vector<double> us = CriticalLatency(*pool, 64, 256, samples, refill, 1 << 20, refill_rate);
+    add(std::string("miss_copies_64x256B_p50_us_") + label, Percentile(us, 0.5), "us",
+        "64 critical copies of 256 B, first submit to last callback; refill in 1 MiB chunks");
+    add(std::string("miss_copies_64x256B_p99_us_") + label, Percentile(us, 0.99), "us", "");
   }
 
   const std::string path = out_dir + "/" + Slug(pool->name()) + ".csv";
   std::ofstream f(path);
   if (!f) Die("cannot write " + path);
   f << "# measured by hlem_cuda_costs (scripts/gpu-check.sh) on " << pool->name() << "\n";
-  f << "metric,value,unit,note\n";
+  f << "metric,value,unit,note\n" << std::setprecision(10);
   for (const Row& row : rows) {
     f << row.metric << "," << row.value << "," << row.unit << ",\"" << row.note << "\"\n";
   }

@@ -64,19 +64,41 @@ __global__ void ScatterKvKernel(serving::KvGeometry g, std::byte* __restrict__ p
            threadIdx.x % 32);
 }
 
+// Launch limits: grid x is at most 2^31 - 1 blocks.
+constexpr uint64_t kMaxWarpsPerLaunch = uint64_t{INT32_MAX} * kWarpsPerBlock;
+
 unsigned Blocks(uint64_t warps) {
   return static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock);
 }
 
 }  // namespace
 
-int CudaDeviceCount(std::string* error) {
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) {
-    if (error != nullptr) *error = CudaError("cudaGetDeviceCount", e);
-    return 0;
+CudaAvailability ProbeCuda(int* count, std::string* detail) {
+  *count = 0;
+  int driver = 0;
+  if (cudaDriverGetVersion(&driver) != cudaSuccess || driver == 0) {
+    if (detail != nullptr) *detail = "no CUDA driver installed";
+    return CudaAvailability::kNoDevice;
   }
+  const cudaError_t e = cudaGetDeviceCount(count);
+  if (e == cudaErrorNoDevice || (e == cudaSuccess && *count == 0)) {
+    *count = 0;
+    if (detail != nullptr) *detail = "the CUDA driver sees no device";
+    return CudaAvailability::kNoDevice;
+  }
+  if (e != cudaSuccess) {
+    *count = 0;
+    if (detail != nullptr) {
+      *detail = CudaError("cudaGetDeviceCount", e) + " with driver " + std::to_string(driver);
+    }
+    return CudaAvailability::kError;
+  }
+  return CudaAvailability::kAvailable;
+}
+
+int CudaDeviceCount(std::string* detail) {
+  int n = 0;
+  ProbeCuda(&n, detail);
   return n;
 }
 
@@ -88,31 +110,85 @@ struct CudaPool::CopyState {
   std::string error;  // first failure
 };
 
+// One staged cudaMemcpyAsync: ring bytes [off, off + bytes) (plus `reserved - bytes` skipped at
+// the ring's end when it wrapped), timed by two events. `failed`: never reached the stream.
 struct CudaPool::Piece {
-  int block = 0;
+  size_t off = 0;
   size_t bytes = 0;
+  size_t reserved = 0;
+  cudaEvent_t start = nullptr;
+  cudaEvent_t end = nullptr;
+  bool failed = false;
   std::shared_ptr<CopyState> copy;
 };
 
 struct CudaPool::ClassState {
   CudaCopyClass cls = CudaCopyClass::kCritical;
   cudaStream_t stream = nullptr;
-  std::vector<std::byte*> blocks;       // pinned
-  std::vector<cudaEvent_t> start, end;  // per block
+  unsigned event_flags = cudaEventDefault;
+  // The pinned ring: [tail, head) in use (wrapping), `used` bytes reserved (skips included).
+  std::byte* ring = nullptr;
+  size_t ring_bytes = 0;
+  size_t head = 0, tail = 0, used = 0;
+  std::vector<cudaEvent_t> events;       // every event made, destroyed with the class
+  std::vector<cudaEvent_t> free_events;  // of those, not in use
   std::mutex mu;
   std::condition_variable cv;
-  std::vector<int> free_blocks;
   std::deque<Piece> queue;  // in stream order
   bool stop = false;
   std::thread thread;
-  // Callbacks of completed copies, run in order by their own thread: a callback may submit a
-  // copy that waits for a staging block, which only the completion thread can free.
+  // Callbacks of completed copies, run in order by their own thread.
   std::mutex ready_mu;
   std::condition_variable ready_cv;
   std::deque<std::function<void()>> ready;
   bool ready_stop = false;
   std::thread callback_thread;
 
+  // Reserves n contiguous ring bytes (n <= ring_bytes / 2); false when they are not free now.
+  bool Reserve(size_t n, size_t* off, size_t* reserved) {
+    if (used == 0) head = tail = 0;
+    const bool full = used > 0 && head == tail;
+    if (full) return false;
+    if (head >= tail) {  // free: [head, ring_bytes) and [0, tail)
+      if (ring_bytes - head >= n) {
+        *off = head;
+        *reserved = n;
+      } else if (tail >= n) {
+        *off = 0;
+        *reserved = ring_bytes - head + n;  // skip the end of the ring
+      } else {
+        return false;
+      }
+    } else {  // free: [head, tail)
+      if (tail - head < n) return false;
+      *off = head;
+      *reserved = n;
+    }
+    head = *off + n;
+    if (head == ring_bytes) head = 0;
+    used += *reserved;
+    return true;
+  }
+  // Frees the oldest piece (pieces complete in ring order).
+  void Release(const Piece& p) {
+    used -= p.reserved;
+    tail = p.off + p.bytes;
+    if (tail == ring_bytes) tail = 0;
+  }
+  cudaError_t TakeEvents(cudaEvent_t* a, cudaEvent_t* b) {
+    for (cudaEvent_t* e : {a, b}) {
+      if (free_events.empty()) {
+        cudaEvent_t made;
+        const cudaError_t err = cudaEventCreateWithFlags(&made, event_flags);
+        if (err != cudaSuccess) return err;
+        events.push_back(made);
+        free_events.push_back(made);
+      }
+      *e = free_events.back();
+      free_events.pop_back();
+    }
+    return cudaSuccess;
+  }
   void Post(std::function<void()> fn) {
     {
       std::lock_guard<std::mutex> lock(ready_mu);
@@ -138,24 +214,28 @@ struct CudaPool::ClassState {
 CudaPool::CudaPool(const CudaPoolOptions& options) : options_(options) {}
 
 std::unique_ptr<CudaPool> CudaPool::Create(const CudaPoolOptions& options, CudaResult* result) {
-  if (options.pool_bytes == 0 || options.staging_block_bytes == 0 ||
-      options.staging_blocks_per_class <= 0 || options.kernel_scratch_bytes < 64) {
+  if (options.pool_bytes == 0 || options.max_piece_bytes == 0 ||
+      options.staging_bytes_per_class < 2 * options.max_piece_bytes ||
+      options.kernel_scratch_bytes < 64) {
     *result = CudaResult::Error(
-        "cuda pool: pool_bytes, staging_block_bytes, staging_blocks_per_class must be positive and "
-        "kernel_scratch_bytes at least 64");
+        "cuda pool: pool_bytes and max_piece_bytes must be positive, staging_bytes_per_class at "
+        "least 2 x max_piece_bytes and kernel_scratch_bytes at least 64");
     return nullptr;
   }
-  std::string count_error;
-  const int count = CudaDeviceCount(&count_error);
-  if (options.device < 0 || options.device >= count) {
-    *result = CudaResult::Error("cuda pool: no CUDA device " + std::to_string(options.device) +
-                                " (" + std::to_string(count) + " visible" +
-                                (count_error.empty() ? "" : "; " + count_error) + ")");
+  int count = 0;
+  std::string detail;
+  const CudaAvailability a = ProbeCuda(&count, &detail);
+  if (a != CudaAvailability::kAvailable || options.device < 0 || options.device >= count) {
+    *result =
+        CudaResult::Error((a == CudaAvailability::kAvailable
+                               ? "cuda pool: no CUDA device " + std::to_string(options.device) +
+                                     " (" + std::to_string(count) + " visible)"
+                               : "cuda pool: no CUDA device: " + detail));
     return nullptr;
   }
   std::unique_ptr<CudaPool> pool(new CudaPool(options));
   *result = pool->Init();
-  if (!result->ok()) return nullptr;
+  if (!result->ok()) return nullptr;  // the destructor frees what Init made
   return pool;
 }
 
@@ -182,31 +262,32 @@ CudaResult CudaPool::Init() {
   scratch_event_ = ev;
   HLEM_CUDA_RETURN(cudaEventRecord(ev, S(compute_stream_)));
   for (int k = 0; k < 2; ++k) {
-    auto c = std::make_unique<ClassState>();
-    c->cls = static_cast<CudaCopyClass>(k);
+    classes_[k] = std::make_unique<ClassState>();  // owned before allocating: freed on failure
+    ClassState& c = *classes_[k];
+    c.cls = static_cast<CudaCopyClass>(k);
+    // The critical class spins on its events (lowest latency); background sleeps on them.
+    c.event_flags = k == 0 ? cudaEventDefault : cudaEventBlockingSync;
     HLEM_CUDA_RETURN(
-        cudaStreamCreateWithPriority(&c->stream, cudaStreamNonBlocking, k == 0 ? greatest : least));
-    for (int b = 0; b < options_.staging_blocks_per_class; ++b) {
-      std::byte* block = nullptr;
-      HLEM_CUDA_RETURN(cudaHostAlloc(reinterpret_cast<void**>(&block), options_.staging_block_bytes,
-                                     cudaHostAllocDefault));
-      c->blocks.push_back(block);
-      cudaEvent_t e0, e1;
-      HLEM_CUDA_RETURN(cudaEventCreate(&e0));
-      HLEM_CUDA_RETURN(cudaEventCreate(&e1));
-      c->start.push_back(e0);
-      c->end.push_back(e1);
-      c->free_blocks.push_back(b);
-    }
+        cudaStreamCreateWithPriority(&c.stream, cudaStreamNonBlocking, k == 0 ? greatest : least));
+    HLEM_CUDA_RETURN(cudaHostAlloc(reinterpret_cast<void**>(&c.ring),
+                                   options_.staging_bytes_per_class, cudaHostAllocDefault));
+    c.ring_bytes = options_.staging_bytes_per_class;
+  }
+  for (auto& c : classes_) {
     ClassState* raw = c.get();
     c->thread = std::thread([this, raw] { CompletionLoop(raw); });
     c->callback_thread = std::thread([raw] { raw->CallbackLoop(); });
-    classes_[k] = std::move(c);
   }
   return CudaResult::Ok();
 }
 
 CudaPool::~CudaPool() {
+  {
+    // Every copy's callback returns first; callbacks that submit more copies get "closing".
+    std::unique_lock<std::mutex> lock(outstanding_mu_);
+    closing_ = true;
+    outstanding_cv_.wait(lock, [&] { return outstanding_ == 0; });
+  }
   for (auto& c : classes_) {
     if (c == nullptr) continue;
     {
@@ -226,10 +307,12 @@ CudaPool::~CudaPool() {
   if (compute_stream_ != nullptr) cudaStreamSynchronize(S(compute_stream_));
   for (auto& c : classes_) {
     if (c == nullptr) continue;
-    if (c->stream != nullptr) cudaStreamDestroy(c->stream);
-    for (std::byte* b : c->blocks) cudaFreeHost(b);
-    for (cudaEvent_t e : c->start) cudaEventDestroy(e);
-    for (cudaEvent_t e : c->end) cudaEventDestroy(e);
+    if (c->stream != nullptr) {
+      cudaStreamSynchronize(c->stream);
+      cudaStreamDestroy(c->stream);
+    }
+    if (c->ring != nullptr) cudaFreeHost(c->ring);
+    for (cudaEvent_t e : c->events) cudaEventDestroy(e);
   }
   if (scratch_event_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(scratch_event_));
   if (scratch_pinned_ != nullptr) cudaFreeHost(scratch_pinned_);
@@ -237,6 +320,15 @@ CudaPool::~CudaPool() {
   if (compute_stream_ != nullptr) cudaStreamDestroy(S(compute_stream_));
   if (read_stream_ != nullptr) cudaStreamDestroy(S(read_stream_));
   if (pool_ != nullptr) cudaFree(pool_);
+}
+
+void CudaPool::Finish(ClassState& c, const std::shared_ptr<CopyState>& copy) {
+  if (copy->cls == CudaCopyClass::kCritical) critical_in_flight_.fetch_sub(1);
+  c.Post([this, copy] {
+    copy->done(copy->error.empty() ? CudaResult::Ok() : CudaResult::Error(copy->error));
+    std::lock_guard<std::mutex> lock(outstanding_mu_);
+    if (--outstanding_ == 0) outstanding_cv_.notify_all();
+  });
 }
 
 void CudaPool::CopyToPool(CudaCopyClass cls, const std::byte* src, uint64_t pool_offset,
@@ -247,12 +339,20 @@ void CudaPool::CopyToPool(CudaCopyClass cls, const std::byte* src, uint64_t pool
                            std::to_string(pool_bytes_) + "-byte pool"));
     return;
   }
+  {
+    std::lock_guard<std::mutex> lock(outstanding_mu_);
+    if (closing_) {
+      done(CudaResult::Error("CopyToPool: the pool is closing"));
+      return;
+    }
+    ++outstanding_;
+  }
   ClassState& c = *classes_[static_cast<int>(cls)];
   auto copy = std::make_shared<CopyState>();
   copy->cls = cls;
   copy->done = std::move(done);
-  const size_t block_bytes = options_.staging_block_bytes;
-  const size_t pieces = bytes == 0 ? 0 : (bytes + block_bytes - 1) / block_bytes;
+  const size_t piece_bytes = options_.max_piece_bytes;
+  const size_t pieces = bytes == 0 ? 0 : (bytes + piece_bytes - 1) / piece_bytes;
   copy->left.store(static_cast<int>(pieces) + 1);
   if (cls == CudaCopyClass::kCritical) critical_in_flight_.fetch_add(1);
   {
@@ -262,46 +362,51 @@ void CudaPool::CopyToPool(CudaCopyClass cls, const std::byte* src, uint64_t pool
   }
   cudaSetDevice(options_.device);
   size_t submitted = 0;
-  for (size_t off = 0; off < bytes; off += block_bytes) {
-    const size_t n = std::min(block_bytes, bytes - off);
-    int block;
+  for (size_t off = 0; off < bytes; off += piece_bytes) {
+    const size_t n = std::min(piece_bytes, bytes - off);
+    Piece piece;
+    piece.bytes = n;
+    piece.copy = copy;
     {
       std::unique_lock<std::mutex> lock(c.mu);
-      c.cv.wait(lock, [&] { return !c.free_blocks.empty(); });
-      block = c.free_blocks.back();
-      c.free_blocks.pop_back();
+      c.cv.wait(lock, [&] { return c.Reserve(n, &piece.off, &piece.reserved); });
     }
-    std::memcpy(c.blocks[block], src + off, n);
-    cudaError_t e;
+    // Staging outside the lock: the reserved bytes are this piece's alone.
+    std::memcpy(c.ring + piece.off, src + off, n);
+    const char* failed_call = nullptr;
+    cudaError_t e = cudaSuccess;
     {
-      // Record, copy and enqueue under one lock so the completion queue is in stream order.
+      // Events, copy and queue entry under one lock, so the queue is in stream order.
       std::lock_guard<std::mutex> lock(c.mu);
-      e = cudaEventRecord(c.start[block], c.stream);
-      if (e == cudaSuccess) {
-        e = cudaMemcpyAsync(pool_ + pool_offset + off, c.blocks[block], n, cudaMemcpyHostToDevice,
-                            c.stream);
+      e = c.TakeEvents(&piece.start, &piece.end);
+      if (e != cudaSuccess) failed_call = "cudaEventCreate";
+      if (e == cudaSuccess && (e = cudaEventRecord(piece.start, c.stream)) != cudaSuccess) {
+        failed_call = "cudaEventRecord";
       }
-      if (e == cudaSuccess) e = cudaEventRecord(c.end[block], c.stream);
-      if (e == cudaSuccess) {
-        c.queue.push_back(Piece{block, n, copy});
-      } else {
-        c.free_blocks.push_back(block);
+      if (e == cudaSuccess &&
+          (e = cudaMemcpyAsync(pool_ + pool_offset + off, c.ring + piece.off, n,
+                               cudaMemcpyHostToDevice, c.stream)) != cudaSuccess) {
+        failed_call = "cudaMemcpyAsync";
       }
-    }
-    if (e != cudaSuccess) {
-      std::lock_guard<std::mutex> lock(copy->mu);
-      copy->error = CudaError("cudaMemcpyAsync", e);
-      break;
+      if (e == cudaSuccess && (e = cudaEventRecord(piece.end, c.stream)) != cudaSuccess) {
+        failed_call = "cudaEventRecord";
+      }
+      // A failed piece still goes through the queue, so the ring is released in order (after the
+      // stream has drained, in case its copy was queued).
+      piece.failed = e != cudaSuccess;
+      c.queue.push_back(piece);
     }
     c.cv.notify_all();
     ++submitted;
+    if (e != cudaSuccess) {
+      std::lock_guard<std::mutex> lock(copy->mu);
+      if (copy->error.empty()) copy->error = CudaError(failed_call, e);
+      break;
+    }
   }
   // Drop the pieces never submitted and the guard; whoever reaches zero reports.
   const int unsent = static_cast<int>(pieces - submitted) + 1;
-  if (copy->left.fetch_sub(unsent) == unsent) {
-    if (cls == CudaCopyClass::kCritical) critical_in_flight_.fetch_sub(1);
-    copy->done(copy->error.empty() ? CudaResult::Ok() : CudaResult::Error(copy->error));
-  }
+  if (copy->left.fetch_sub(unsent) == unsent) Finish(c, copy);
 }
 
 void CudaPool::CompletionLoop(ClassState* c) {
@@ -312,15 +417,23 @@ void CudaPool::CompletionLoop(ClassState* c) {
       std::unique_lock<std::mutex> lock(c->mu);
       c->cv.wait(lock, [&] { return c->stop || !c->queue.empty(); });
       if (c->queue.empty()) return;  // stopping, and nothing is left in flight
-      piece = std::move(c->queue.front());
-      c->queue.pop_front();
+      piece = c->queue.front();
     }
-    const cudaError_t e = cudaEventSynchronize(c->end[piece.block]);
+    cudaError_t e;
     float ms = 0;
-    if (e == cudaSuccess) cudaEventElapsedTime(&ms, c->start[piece.block], c->end[piece.block]);
+    if (piece.failed) {
+      e = cudaStreamSynchronize(c->stream);  // nothing may still read the piece's ring bytes
+    } else {
+      e = cudaEventSynchronize(piece.end);
+      if (e == cudaSuccess) cudaEventElapsedTime(&ms, piece.start, piece.end);
+    }
     {
       std::lock_guard<std::mutex> lock(c->mu);
-      c->free_blocks.push_back(piece.block);
+      c->queue.pop_front();
+      c->Release(piece);
+      for (cudaEvent_t ev : {piece.start, piece.end}) {
+        if (ev != nullptr) c->free_events.push_back(ev);
+      }
     }
     c->cv.notify_all();
     {
@@ -332,12 +445,7 @@ void CudaPool::CompletionLoop(ClassState* c) {
       std::lock_guard<std::mutex> lock(copy.mu);
       if (copy.error.empty()) copy.error = CudaError("copy to pool", e);
     }
-    if (copy.left.fetch_sub(1) == 1) {
-      if (copy.cls == CudaCopyClass::kCritical) critical_in_flight_.fetch_sub(1);
-      c->Post([copy = piece.copy] {
-        copy->done(copy->error.empty() ? CudaResult::Ok() : CudaResult::Error(copy->error));
-      });
-    }
+    if (copy.left.fetch_sub(1) == 1) Finish(*c, piece.copy);
   }
 }
 
@@ -357,7 +465,11 @@ CudaResult CudaPool::ReadPool(uint64_t pool_offset, std::byte* dst, size_t bytes
 
 CudaResult CudaPool::Alloc(size_t bytes, std::byte** device_ptr) {
   HLEM_CUDA_RETURN(cudaSetDevice(options_.device));
-  HLEM_CUDA_RETURN(cudaMalloc(reinterpret_cast<void**>(device_ptr), bytes));
+  const cudaError_t e = cudaMalloc(reinterpret_cast<void**>(device_ptr), bytes);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: later launches on this thread must not see it
+    return CudaResult::Error(CudaError("cudaMalloc", e));
+  }
   return CudaResult::Ok();
 }
 
@@ -398,7 +510,8 @@ CudaResult CudaPool::GatherRows(const uint64_t* offsets, size_t rows, uint32_t r
                                 std::byte* device_dst) {
   std::lock_guard<std::mutex> lock(kernel_mu_);
   HLEM_CUDA_RETURN(cudaSetDevice(options_.device));
-  const size_t per_batch = options_.kernel_scratch_bytes / sizeof(uint64_t);
+  const size_t per_batch =
+      std::min<uint64_t>(options_.kernel_scratch_bytes / sizeof(uint64_t), kMaxWarpsPerLaunch);
   for (size_t first = 0; first < rows; first += per_batch) {
     const size_t n = std::min(per_batch, rows - first);
     // The pinned scratch is reused: wait until the previous kernel's index copy has run.
@@ -407,9 +520,26 @@ CudaResult CudaPool::GatherRows(const uint64_t* offsets, size_t rows, uint32_t r
     CudaResult staged = StageIndex(offsets + first, n * sizeof(uint64_t), 0, &dev_offsets);
     if (!staged.ok()) return staged;
     HLEM_CUDA_RETURN(cudaEventRecord(static_cast<cudaEvent_t>(scratch_event_), S(compute_stream_)));
+    (void)cudaGetLastError();  // clear an earlier, unrelated error of this thread
     GatherRowsKernel<<<Blocks(n), kThreads, 0, S(compute_stream_)>>>(
         pool_, static_cast<const uint64_t*>(dev_offsets), n, row_bytes,
         device_dst + first * row_bytes);
+    HLEM_CUDA_RETURN(cudaGetLastError());
+  }
+  std::lock_guard<std::mutex> stats_lock(stats_mu_);
+  stats_.gathered_rows += rows;
+  return CudaResult::Ok();
+}
+
+CudaResult CudaPool::GatherRowsDevice(const uint64_t* device_offsets, size_t rows,
+                                      uint32_t row_bytes, std::byte* device_dst) {
+  std::lock_guard<std::mutex> lock(kernel_mu_);
+  HLEM_CUDA_RETURN(cudaSetDevice(options_.device));
+  for (size_t first = 0; first < rows; first += kMaxWarpsPerLaunch) {
+    const size_t n = std::min<uint64_t>(kMaxWarpsPerLaunch, rows - first);
+    (void)cudaGetLastError();
+    GatherRowsKernel<<<Blocks(n), kThreads, 0, S(compute_stream_)>>>(
+        pool_, device_offsets + first, n, row_bytes, device_dst + first * row_bytes);
     HLEM_CUDA_RETURN(cudaGetLastError());
   }
   std::lock_guard<std::mutex> stats_lock(stats_mu_);
@@ -422,8 +552,10 @@ CudaResult CudaPool::ScatterKv(const serving::KvGeometry& g, const uint64_t* pag
   std::lock_guard<std::mutex> lock(kernel_mu_);
   HLEM_CUDA_RETURN(cudaSetDevice(options_.device));
   // Scratch: page offsets first, slots after them (16-byte aligned).
-  const size_t per_batch =
-      options_.kernel_scratch_bytes / (sizeof(uint64_t) + sizeof(uint32_t)) - 4;
+  const uint64_t vectors_per_token = uint64_t{g.layers} * 2;
+  const size_t per_batch = std::min<uint64_t>(
+      (options_.kernel_scratch_bytes - 16) / (sizeof(uint64_t) + sizeof(uint32_t)),
+      kMaxWarpsPerLaunch / vectors_per_token);
   for (size_t first = 0; first < tokens; first += per_batch) {
     const size_t n = std::min(per_batch, tokens - first);
     HLEM_CUDA_RETURN(cudaEventSynchronize(static_cast<cudaEvent_t>(scratch_event_)));
@@ -434,7 +566,8 @@ CudaResult CudaPool::ScatterKv(const serving::KvGeometry& g, const uint64_t* pag
     if (staged.ok()) staged = StageIndex(slots + first, n * sizeof(uint32_t), slots_at, &dev_slots);
     if (!staged.ok()) return staged;
     HLEM_CUDA_RETURN(cudaEventRecord(static_cast<cudaEvent_t>(scratch_event_), S(compute_stream_)));
-    ScatterKvKernel<<<Blocks(n * g.layers * 2), kThreads, 0, S(compute_stream_)>>>(
+    (void)cudaGetLastError();
+    ScatterKvKernel<<<Blocks(n * vectors_per_token), kThreads, 0, S(compute_stream_)>>>(
         g, pool_, static_cast<const uint64_t*>(dev_pages), static_cast<const uint32_t*>(dev_slots),
         n, device_src + first * g.token_bytes());
     HLEM_CUDA_RETURN(cudaGetLastError());

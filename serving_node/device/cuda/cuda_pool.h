@@ -4,15 +4,19 @@
 // serving_node/device/cuda_device.h adapts it to the serving::Device interface.
 //
 // - One cudaMalloc'd pool (the HBM pool the HbmPool's pages index).
-// - Host-to-pool copies staged through pinned buffers: the caller's bytes are copied into a
-//   pinned block on the submitting thread, then cudaMemcpyAsync'd on the copy stream of the
-//   copy's class: critical copies (misses of live requests) and background copies (refill) on two
+// - Host-to-pool copies staged through pinned memory: the caller's bytes are copied into a pinned
+//   ring of the copy's class on the submitting thread (pieces of at most max_piece_bytes, carved
+//   contiguously, so a 256 B miss takes 256 B of it), then cudaMemcpyAsync'd on the class's
+//   stream: critical copies (misses of live requests) and background copies (refill) on two
 //   streams, so a critical copy never queues behind background copies in one stream. The hardware
 //   does not order copies by stream priority; the refill throttler keeps background traffic out of
 //   the way (one chunk in flight, none while critical_pending()).
-// - Completions: a thread per class waits for each copy's event in submission order and hands
-//   its callback to a callback thread of the class (outside any CUDA callback, and never on the
-//   thread that frees staging blocks, so a callback may submit more copies).
+// - Completions: a thread per class waits for each piece's event in stream order (so the ring is
+//   freed in the order it was filled) and hands the copy's callback to a callback thread of the
+//   class. Callbacks therefore never run on the submitter's thread (except for a range error,
+//   reported at once) nor on the thread that frees staging, and may submit more copies.
+// - The destructor waits until every copy's callback has returned; copies submitted meanwhile (by
+//   callbacks) fail at once with "pool closing".
 // - Kernels (GatherRows, ScatterKv) on one compute stream created with the highest priority, in
 //   issue order; Synchronize waits for them. Their semantics are those of gather_scatter.h.
 //
@@ -51,10 +55,10 @@ class CudaResult {
 
 struct CudaPoolOptions {
   uint64_t pool_bytes = 0;
-  int device = 0;                          // CUDA device ordinal
-  size_t staging_block_bytes = 1 << 20;    // one pinned staging block; larger copies are split
-  int staging_blocks_per_class = 8;        // blocks per copy class (submitters wait when all busy)
-  size_t kernel_scratch_bytes = 16 << 20;  // device + pinned scratch for kernel index arrays
+  int device = 0;                            // CUDA device ordinal
+  size_t staging_bytes_per_class = 8 << 20;  // pinned ring per copy class (submitters wait if full)
+  size_t max_piece_bytes = 1 << 20;          // larger copies are split; at most half the ring
+  size_t kernel_scratch_bytes = 16 << 20;    // device + pinned scratch for kernel index arrays
 };
 
 enum class CudaCopyClass : int { kCritical = 0, kBackground = 1 };
@@ -67,15 +71,19 @@ struct CudaPoolStats {
   uint64_t scattered_tokens = 0;
 };
 
-// How many CUDA devices this process sees (0 when there is no driver or no device); *error says
-// why when it is 0 and CUDA reported an error.
-int CudaDeviceCount(std::string* error = nullptr);
+// Whether this process can use a GPU: kAvailable (count > 0), kNoDevice (no CUDA driver installed,
+// or a driver that sees no device: skip), kError (a driver is there but CUDA fails, for example a
+// driver too old for this runtime: a real failure on a GPU host). *detail says what CUDA said.
+enum class CudaAvailability { kAvailable, kNoDevice, kError };
+CudaAvailability ProbeCuda(int* count, std::string* detail);
+// Devices usable now (0 for kNoDevice and kError).
+int CudaDeviceCount(std::string* detail = nullptr);
 
 class CudaPool {
  public:
-  // Allocates the pool, the staging blocks, the scratch and the streams on options.device.
+  // Allocates the pool, the staging rings, the scratch and the streams on options.device.
   static std::unique_ptr<CudaPool> Create(const CudaPoolOptions& options, CudaResult* result);
-  ~CudaPool();  // waits for every copy in flight and runs its callback first
+  ~CudaPool();  // waits until every copy's callback has returned
   CudaPool(const CudaPool&) = delete;
   CudaPool& operator=(const CudaPool&) = delete;
 
@@ -84,8 +92,8 @@ class CudaPool {
   std::byte* pool() { return pool_; }  // device address
 
   // Copies host bytes into the pool; `done` runs once, on the class's callback thread, with the
-  // outcome (inline when the range leaves the pool). `src` may be reused as soon as CopyToPool
-  // returns (it is staged before). Blocks while every staging block of the class is in use.
+  // outcome (inline for a range error or a closing pool). `src` may be reused as soon as
+  // CopyToPool returns (it is staged before). Blocks while the class's staging ring is full.
   void CopyToPool(CudaCopyClass cls, const std::byte* src, uint64_t pool_offset, size_t bytes,
                   std::function<void(CudaResult)> done);
   // Copies pool bytes to host memory, after every copy submitted before and every kernel.
@@ -103,6 +111,9 @@ class CudaPool {
   // Kernels; the caller has checked the arguments (device.h's CheckGather / CheckScatter).
   CudaResult GatherRows(const uint64_t* offsets, size_t rows, uint32_t row_bytes,
                         std::byte* device_dst);
+  // The same with the offsets already in device memory (no index copy over the link).
+  CudaResult GatherRowsDevice(const uint64_t* device_offsets, size_t rows, uint32_t row_bytes,
+                              std::byte* device_dst);
   CudaResult ScatterKv(const serving::KvGeometry& geometry, const uint64_t* page_offsets,
                        const uint32_t* slots, size_t tokens, const std::byte* device_src);
   CudaResult Synchronize();
@@ -117,6 +128,8 @@ class CudaPool {
   explicit CudaPool(const CudaPoolOptions& options);
   CudaResult Init();
   void CompletionLoop(ClassState* c);
+  // Reports a copy's outcome on its class's callback thread and counts it finished.
+  void Finish(ClassState& c, const std::shared_ptr<CopyState>& copy);
   // Copies an index array into the kernel scratch (pinned, then device) on the compute stream.
   CudaResult StageIndex(const void* host, size_t bytes, size_t scratch_offset, void** device_ptr);
 
@@ -132,6 +145,11 @@ class CudaPool {
   std::mutex kernel_mu_;           // one kernel launch (and scratch use) at a time
   std::unique_ptr<ClassState> classes_[2];
   std::atomic<int64_t> critical_in_flight_{0};
+  // Copies whose callback has not returned yet; the destructor waits for 0.
+  std::mutex outstanding_mu_;
+  std::condition_variable outstanding_cv_;
+  int64_t outstanding_ = 0;
+  bool closing_ = false;
   mutable std::mutex stats_mu_;
   CudaPoolStats stats_;
 };
