@@ -128,64 +128,76 @@ void CheckBadRanges(CudaPool& pool) {
   Report("out-of-pool copy and read are errors", !error.empty() && !read.ok(), error);
 }
 
-void CheckConcurrentSubmitters(CudaPool& pool, std::vector<std::byte>& mirror) {
-  // Four threads, each its own 8 MiB range, 64 KiB copies of alternating class.
-  constexpr size_t kRange = 8 << 20, kCopy = 64 << 10;
+// `threads` threads, each its own 8 MiB range, copies of `copy` bytes of alternating class.
+void CheckConcurrentSubmitters(CudaPool& pool, std::vector<std::byte>& mirror, int threads,
+                               size_t copy) {
+  constexpr size_t kRange = 8 << 20;
   const uint64_t base = 64 << 20;
+  const size_t per_thread = kRange / copy;
   Waiter w;
-  std::vector<std::vector<std::byte>> data(4);
-  std::vector<std::thread> threads;
-  for (int t = 0; t < 4; ++t) {
+  std::vector<std::vector<std::byte>> data(threads);
+  for (int t = 0; t < threads; ++t) {
     data[t] = Random(kRange, 100 + t);
     std::memcpy(mirror.data() + base + t * kRange, data[t].data(), kRange);
   }
   std::vector<std::function<void(CudaResult)>> callbacks;
-  for (int t = 0; t < 4; ++t) {
-    for (size_t i = 0; i < kRange / kCopy; ++i) callbacks.push_back(w.Callback());
-  }
-  for (int t = 0; t < 4; ++t) {
-    threads.emplace_back([&, t] {
-      for (size_t i = 0; i < kRange / kCopy; ++i) {
+  for (size_t i = 0; i < threads * per_thread; ++i) callbacks.push_back(w.Callback());
+  const std::string label = std::to_string(threads) + " threads x " + std::to_string(per_thread) +
+                            " copies of " + std::to_string(copy) + " B";
+  std::vector<std::thread> pool_threads;
+  for (int t = 0; t < threads; ++t) {
+    pool_threads.emplace_back([&, t] {
+      for (size_t i = 0; i < per_thread; ++i) {
         pool.CopyToPool(i % 2 == 0 ? CudaCopyClass::kCritical : CudaCopyClass::kBackground,
-                        data[t].data() + i * kCopy, base + t * kRange + i * kCopy, kCopy,
-                        callbacks[t * (kRange / kCopy) + i]);
+                        data[t].data() + i * copy, base + t * kRange + i * copy, copy,
+                        callbacks[t * per_thread + i]);
       }
     });
   }
-  for (auto& th : threads) th.join();
-  w.Wait("4 threads x 128 copies of 64 KiB");
-  std::vector<std::byte> back(4 * kRange);
+  for (auto& th : pool_threads) th.join();
+  w.Wait(label.c_str());
+  std::vector<std::byte> back(threads * kRange);
   CudaResult r = pool.ReadPool(base, back.data(), back.size());
   const bool same = r.ok() && std::memcmp(back.data(), mirror.data() + base, back.size()) == 0;
-  Report("4 threads x 128 copies of 64 KiB", w.errors().empty() && same);
+  Report(label.c_str(), w.errors().empty() && same);
 }
 
-void CheckCallbackResubmits(CudaPool& pool) {
-  // A chain of background copies, each submitted from the previous one's callback, more links
-  // than the staging ring holds pieces: must not deadlock, and every link must succeed.
-  std::vector<std::byte> src(1 << 20);
+// Chains of background copies, each link submitted from the previous one's callback, several
+// chains at once (on a small ring they fill it): must not deadlock, and every link must succeed.
+void CheckCallbackResubmits(CudaPool& pool, int chains, size_t link_bytes) {
+  constexpr int kLinks = 64;
+  std::vector<std::byte> src(link_bytes);
   std::mutex mu;
   std::condition_variable cv;
-  int left = 64;
+  int left = chains * kLinks;
   int failed = 0;
-  std::function<void(CudaResult)> next = [&](CudaResult r) {
-    bool again;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      failed += r.ok() ? 0 : 1;
-      again = --left > 0;
-    }
-    cv.notify_all();
-    if (again) pool.CopyToPool(CudaCopyClass::kBackground, src.data(), 0, src.size(), next);
-  };
-  pool.CopyToPool(CudaCopyClass::kBackground, src.data(), 0, src.size(), next);
+  std::vector<std::function<void(CudaResult)>> next(chains);
+  for (int k = 0; k < chains; ++k) {
+    next[k] = [&, k](CudaResult r) {
+      bool again;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        failed += r.ok() ? 0 : 1;
+        again = --left >= chains;  // this chain's links are not all in yet
+        cv.notify_all();           // under the lock: the waiter may return right after
+      }
+      if (again) {
+        pool.CopyToPool(CudaCopyClass::kBackground, src.data(), k * link_bytes, link_bytes,
+                        next[k]);
+      }
+    };
+  }
+  for (int k = 0; k < chains; ++k) {
+    pool.CopyToPool(CudaCopyClass::kBackground, src.data(), k * link_bytes, link_bytes, next[k]);
+  }
   std::unique_lock<std::mutex> lock(mu);
-  if (!cv.wait_for(lock, std::chrono::seconds(30), [&] { return left == 0; })) {
-    std::printf("%-44s FAIL  %d links left after 30 s: giving up\n", "callbacks that submit copies",
+  if (!cv.wait_for(lock, std::chrono::seconds(60), [&] { return left <= 0; })) {
+    std::printf("%-44s FAIL  %d links left after 60 s: giving up\n", "callbacks that submit copies",
                 left);
     std::exit(1);
   }
-  Report("callbacks that submit copies (64 links)", failed == 0);
+  const std::string label = "callbacks that submit copies (" + std::to_string(chains) + " chains)";
+  Report(label.c_str(), failed == 0);
 }
 
 void CheckGather(CudaPool& pool, const std::vector<std::byte>& mirror, const char* label) {
@@ -295,10 +307,10 @@ int Main() {
     CheckCopies(*pool, mirror);
     CheckSmallCopies(*pool, mirror);
     CheckBadRanges(*pool);
-    CheckConcurrentSubmitters(*pool, mirror);
+    CheckConcurrentSubmitters(*pool, mirror, 4, 64 << 10);
     CheckGather(*pool, mirror, "gather == host reference (4 .. 2048 B rows)");
     CheckScatter(*pool, mirror, "scatter == host reference (5000 tokens)");
-    CheckCallbackResubmits(*pool);
+    CheckCallbackResubmits(*pool, 1, 1 << 20);
   }
   {
     // Tiny staging and scratch: every copy wraps the ring, every kernel crosses index batches.
@@ -310,9 +322,12 @@ int Main() {
     std::printf("pool %llu MiB, 48 KiB staging rings, 4 KiB kernel scratch\n",
                 static_cast<unsigned long long>(pool->pool_bytes() >> 20));
     CheckCopies(*pool, mirror);
-    CheckConcurrentSubmitters(*pool, mirror);
+    // More submitters than cores, row-sized copies: ring order must stay queue order.
+    CheckConcurrentSubmitters(*pool, mirror, 12, 1 << 10);
+    CheckConcurrentSubmitters(*pool, mirror, 4, 12 << 10);
     CheckGather(*pool, mirror, "gather, small scratch");
     CheckScatter(*pool, mirror, "scatter, small scratch");
+    CheckCallbackResubmits(*pool, 6, 16 << 10);  // 6 pieces of 16 KiB in flight: a full ring
   }
   std::printf("%s: %d failed\n", failures == 0 ? "ALL PASSED" : "FAILED", failures);
   return failures == 0 ? 0 : 1;

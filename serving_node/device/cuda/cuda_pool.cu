@@ -339,13 +339,15 @@ void CudaPool::CopyToPool(CudaCopyClass cls, const std::byte* src, uint64_t pool
                            std::to_string(pool_bytes_) + "-byte pool"));
     return;
   }
+  bool closing;
   {
     std::lock_guard<std::mutex> lock(outstanding_mu_);
-    if (closing_) {
-      done(CudaResult::Error("CopyToPool: the pool is closing"));
-      return;
-    }
-    ++outstanding_;
+    closing = closing_;
+    if (!closing) ++outstanding_;
+  }
+  if (closing) {  // outside the lock: the callback may submit again
+    done(CudaResult::Error("CopyToPool: the pool is closing"));
+    return;
   }
   ClassState& c = *classes_[static_cast<int>(cls)];
   auto copy = std::make_shared<CopyState>();
@@ -367,17 +369,14 @@ void CudaPool::CopyToPool(CudaCopyClass cls, const std::byte* src, uint64_t pool
     Piece piece;
     piece.bytes = n;
     piece.copy = copy;
-    {
-      std::unique_lock<std::mutex> lock(c.mu);
-      c.cv.wait(lock, [&] { return c.Reserve(n, &piece.off, &piece.reserved); });
-    }
-    // Staging outside the lock: the reserved bytes are this piece's alone.
-    std::memcpy(c.ring + piece.off, src + off, n);
     const char* failed_call = nullptr;
     cudaError_t e = cudaSuccess;
     {
-      // Events, copy and queue entry under one lock, so the queue is in stream order.
-      std::lock_guard<std::mutex> lock(c.mu);
+      // Reserve, stage, record and enqueue under one hold of the lock: the queue (the order in
+      // which the ring is freed) must be the order in which the ring was handed out.
+      std::unique_lock<std::mutex> lock(c.mu);
+      c.cv.wait(lock, [&] { return c.Reserve(n, &piece.off, &piece.reserved); });
+      std::memcpy(c.ring + piece.off, src + off, n);
       e = c.TakeEvents(&piece.start, &piece.end);
       if (e != cudaSuccess) failed_call = "cudaEventCreate";
       if (e == cudaSuccess && (e = cudaEventRecord(piece.start, c.stream)) != cudaSuccess) {

@@ -16,7 +16,8 @@
 //   class. Callbacks therefore never run on the submitter's thread (except for a range error,
 //   reported at once) nor on the thread that frees staging, and may submit more copies.
 // - The destructor waits until every copy's callback has returned; copies submitted meanwhile (by
-//   callbacks) fail at once with "pool closing".
+//   callbacks) fail at once with "pool closing". Never destroy the pool from one of its callbacks
+//   (it would wait for itself).
 // - Kernels (GatherRows, ScatterKv) on one compute stream created with the highest priority, in
 //   issue order; Synchronize waits for them. Their semantics are those of gather_scatter.h.
 //
