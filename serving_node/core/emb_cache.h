@@ -35,9 +35,10 @@
 //
 // Residency shards (§7). ResidentRows(table, shard) is the number of rows of residency shard
 // row / residency_shard_rows that the cache holds (live entries). Every page keeps its own
-// per-shard counts; Shrink moves a page's counts to a pending list in O(1) and they are subtracted
-// from the totals before ResidentRows answers (and a few at a time on every insert), so the
-// answer is always exact.
+// per-shard counts; Shrink moves a page's counts to a pending list in O(1); they are subtracted
+// from the totals a few at a time on every call and in bounded batches by DrainPending, and
+// ResidentRows subtracts the ones still pending for the shard it is asked about, so the answer is
+// always exact.
 //
 // Policies. kLru: one LRU list per size class (hits within the promotion window are not relinked,
 // see EmbCacheOptions::promotion_window). kTinyLfu: W-TinyLFU (Einziger et al., 2017): a 1%
@@ -86,7 +87,7 @@ struct EmbTableSpec {
 struct EmbCacheOptions {
   std::vector<EmbTableSpec> tables;
   uint64_t residency_shard_rows = 4096;  // rows per residency shard (ARCHITECTURE §7)
-  // W-TinyLFU by default: on Zipf 1.0 / 0.8 it hits 6.5 / 10.8 points more often than LRU
+  // W-TinyLFU by default: on Zipf 1.0 / 0.8 it hits 5.8 / 9.9 points more often than LRU
   // (emb_cache_test), worth far more than its dearer hit path (docs/perf/memory.md).
   EmbPolicy policy = EmbPolicy::kTinyLfu;
   uint32_t budget_pages = 0;  // initial budget; SetBudgetPages moves it
@@ -222,8 +223,13 @@ class EmbCache {
   // Returns the number of pages given back. Cost: O(pages held) to select, O(1) per page.
   uint32_t Shrink(uint32_t n_pages, std::vector<PageId>* freed);
 
-  // Rows of residency shard `shard` (= row / residency_shard_rows) of a table held now.
+  // Rows of residency shard `shard` (= row / residency_shard_rows) of a table held now. Exact;
+  // costs one probe per shrunk page whose counts are not subtracted yet (see DrainPending).
   uint64_t ResidentRows(uint32_t table_id, uint64_t shard);
+  // Subtracts up to `max_items` of the shrunk pages' pending (table, shard) counts under one hold
+  // of the lock; true while some are left. The MemoryManager calls it every Step, so the
+  // subtraction a big Shrink leaves (hundreds of thousands of items) never stalls a lookup.
+  bool DrainPending(size_t max_items);
   uint64_t residency_shard_rows() const { return residency_shard_rows_; }
 
   EmbCacheStats GetStats() const;
@@ -279,6 +285,7 @@ class EmbCache {
   // Background-free upkeep: drops a few stale entries and applies a few pending shard counts.
   void UpkeepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DrainPendingLocked(size_t max_items) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static constexpr size_t kDrainPerQuery = 64;
   Key ShardKey(uint32_t table_id, uint64_t row) const {
     return Key{table_id, row / residency_shard_rows_};
   }

@@ -9,9 +9,21 @@ namespace hlem::serving {
 
 uint64_t EmbCache::ResidentRows(uint32_t table_id, uint64_t shard) {
   absl::MutexLock lock(&mu_);
-  DrainPendingLocked(SIZE_MAX);
-  auto it = resident_.find(Key{table_id, shard});
-  return it == resident_.end() ? 0 : it->second;
+  DrainPendingLocked(kDrainPerQuery);
+  const Key key{table_id, shard};
+  auto it = resident_.find(key);
+  uint64_t rows = it == resident_.end() ? 0 : it->second;
+  // Counts of shrunk pages not yet subtracted: one probe per such page.
+  for (const ShardCounts& counts : pending_) {
+    if (auto p = counts.find(key); p != counts.end()) rows -= p->second;
+  }
+  return rows;
+}
+
+bool EmbCache::DrainPending(size_t max_items) {
+  absl::MutexLock lock(&mu_);
+  DrainPendingLocked(max_items);
+  return !pending_.empty();
 }
 
 EmbCacheStats EmbCache::GetStats() const {

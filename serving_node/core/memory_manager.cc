@@ -111,9 +111,17 @@ uint32_t MemoryManager::Step() {
     for (PageId p : pages) pool_.FreePage(p);  // the EMB side takes them with AllocPage
     moved = static_cast<uint32_t>(pages.size());
   }
-  absl::MutexLock lock(&mu_);
-  reclaimed_ += moved;
-  UpdateBudgetsLocked();
+  {
+    absl::MutexLock lock(&mu_);
+    reclaimed_ += moved;
+    UpdateBudgetsLocked();
+  }
+  // Outside mu_, in short batches: the residency counts an α drop left behind.
+  for (uint32_t left = options_.drain_items_per_step; left > 0;) {
+    const uint32_t batch = std::min<uint32_t>(left, 4096);
+    if (!emb_.DrainPending(batch)) break;
+    left -= batch;
+  }
   return moved;
 }
 

@@ -33,6 +33,9 @@ struct MemoryManagerOptions {
   uint32_t reclaim_pages_per_step = 256;  // bounded reclaim rate (pages per step)
   uint32_t reclaim_users_per_step = 64;
   absl::Duration step_interval = absl::Milliseconds(10);
+  // Pending residency counts of shrunk EMB pages subtracted per Step (EmbCache::DrainPending),
+  // in batches of 4096 so no lookup waits long behind one.
+  uint32_t drain_items_per_step = 32768;
 };
 
 struct MemoryState {
