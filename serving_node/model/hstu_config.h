@@ -1,0 +1,31 @@
+#pragma once
+// The shape of an HSTU model (ARCHITECTURE §5). No torch here: the pipeline, the KV cache layout
+// and the tests read it without pulling libtorch in.
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace hlem::serving {
+
+struct HstuConfig {
+  uint32_t layers = 2;
+  uint32_t dim = 64;  // D: row dimension of every feature table and of the model
+  uint32_t heads = 2;
+  uint32_t d_qk = 32;             // per head
+  uint32_t d_v = 32;              // per head
+  uint32_t head_hidden = 64;      // h of the scoring head
+  uint32_t targets = 1;           // T scores per candidate
+  float attn_norm = 64;           // N: S = SiLU(q·k / √d_qk) / N
+  uint32_t max_positions = 4096;  // history tokens (and the candidates' position P) below this
+
+  // Elements per token per layer of the K and of the V vectors in a KV page: K (heads · d_qk) and
+  // V (heads · d_v) both padded to the larger, so one KvGeometry describes the cache.
+  uint32_t kv_dim() const { return heads * (d_qk > d_v ? d_qk : d_v); }
+  uint32_t uvqk_dim() const { return heads * (2 * d_v + 2 * d_qk); }
+
+  // INVALID_ARGUMENT naming the field for a zero dimension or a non-positive / non-finite N.
+  absl::Status Validate() const;
+};
+
+}  // namespace hlem::serving

@@ -1,0 +1,282 @@
+#include "serving_node/model/hstu_model.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace hlem::serving {
+
+absl::Status HstuConfig::Validate() const {
+  auto positive = [](const char* field, uint32_t v) -> absl::Status {
+    if (v == 0) return absl::InvalidArgumentError(absl::StrCat("model.", field, ": must be > 0"));
+    return absl::OkStatus();
+  };
+  for (auto [field, v] :
+       {std::pair{"layers", layers}, std::pair{"dim", dim}, std::pair{"heads", heads},
+        std::pair{"d_qk", d_qk}, std::pair{"d_v", d_v}, std::pair{"head_hidden", head_hidden},
+        std::pair{"targets", targets}, std::pair{"max_positions", max_positions}}) {
+    if (absl::Status st = positive(field, v); !st.ok()) return st;
+  }
+  if (!(attn_norm > 0) || !std::isfinite(attn_norm)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.attn_norm: must be a positive number, got ", attn_norm));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+constexpr double kLnEps = 1e-5;
+
+struct Layer {
+  at::Tensor ln1_w, ln1_b;  // [D]
+  at::Tensor w_uvqk;        // [D, heads·(2 d_v + 2 d_qk)]
+  at::Tensor b_uvqk;        // [heads·(2 d_v + 2 d_qk)]
+  at::Tensor ln2_w, ln2_b;  // [heads·d_v]
+  at::Tensor w_o;           // [heads·d_v, D]
+};
+
+// A token block's per-layer projections.
+struct Uvqk {
+  at::Tensor u, v, q, k;  // [n, heads·d_v], [n, heads·d_v], [n, heads·d_qk], [n, heads·d_qk]
+};
+
+at::Tensor FromSpan(std::span<const float> s, int64_t rows, int64_t cols) {
+  // from_blob does not copy: clone so the tensor owns its bytes (inputs are small).
+  return at::from_blob(const_cast<float*>(s.data()), {rows, cols}, at::kFloat).clone();
+}
+
+}  // namespace
+
+struct HstuModel::Weights {
+  at::Tensor pos;  // [max_positions + 1, D]
+  std::vector<Layer> layers;
+  at::Tensor head_w1, head_b1, head_w2, head_b2;  // [D, h], [h], [h, T], [T]
+};
+
+HstuModel::HstuModel(const HstuConfig& config, std::unique_ptr<Weights> weights)
+    : config_(config), w_(std::move(weights)) {}
+HstuModel::~HstuModel() = default;
+
+const HstuConfig& HstuModel::config() const { return config_; }
+
+absl::StatusOr<std::unique_ptr<HstuModel>> HstuModel::CreateRandom(const HstuConfig& c,
+                                                                   uint64_t seed) {
+  if (absl::Status st = c.Validate(); !st.ok()) return st;
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  auto normal = [&](std::vector<int64_t> shape, double std) {
+    return at::normal(0.0, std, shape, gen, at::TensorOptions().dtype(at::kFloat));
+  };
+  auto w = std::make_unique<Weights>();
+  const int64_t D = c.dim, hv = int64_t{c.heads} * c.d_v;
+  w->pos = normal({int64_t{c.max_positions} + 1, D}, 0.02);
+  for (uint32_t l = 0; l < c.layers; ++l) {
+    Layer L;
+    L.ln1_w = 1 + normal({D}, 0.05);
+    L.ln1_b = normal({D}, 0.05);
+    L.w_uvqk = normal({D, c.uvqk_dim()}, 1.0 / std::sqrt(static_cast<double>(D)));
+    L.b_uvqk = normal({c.uvqk_dim()}, 0.02);
+    L.ln2_w = 1 + normal({hv}, 0.05);
+    L.ln2_b = normal({hv}, 0.05);
+    L.w_o = normal({hv, D}, 1.0 / std::sqrt(static_cast<double>(hv)));
+    w->layers.push_back(std::move(L));
+  }
+  w->head_w1 = normal({D, c.head_hidden}, 1.0 / std::sqrt(static_cast<double>(D)));
+  w->head_b1 = normal({c.head_hidden}, 0.02);
+  w->head_w2 =
+      normal({c.head_hidden, c.targets}, 1.0 / std::sqrt(static_cast<double>(c.head_hidden)));
+  w->head_b2 = normal({c.targets}, 0.02);
+  return std::unique_ptr<HstuModel>(new HstuModel(c, std::move(w)));
+}
+
+namespace {
+
+// x = √D · e + P[pos] for rows of `emb` at positions [first, first + rows), or all at `first`
+// when `same_position`.
+at::Tensor Inputs(const at::Tensor& emb, const at::Tensor& pos_table, int64_t first,
+                  bool same_position, int64_t dim) {
+  const int64_t n = emb.size(0);
+  at::Tensor pos = same_position ? pos_table.narrow(0, first, 1).expand({n, dim})
+                                 : pos_table.narrow(0, first, n);
+  return emb * std::sqrt(static_cast<double>(dim)) + pos;
+}
+
+Uvqk Project(const Layer& L, const HstuConfig& c, const at::Tensor& x) {
+  const int64_t D = c.dim, hv = int64_t{c.heads} * c.d_v, hq = int64_t{c.heads} * c.d_qk;
+  at::Tensor xn = at::layer_norm(x, {D}, L.ln1_w, L.ln1_b, kLnEps);
+  at::Tensor uvqk = at::silu(at::addmm(L.b_uvqk, xn, L.w_uvqk));
+  std::vector<at::Tensor> parts = at::split_with_sizes(uvqk, {hv, hv, hq, hq}, 1);
+  return {parts[0], parts[1], parts[2], parts[3]};
+}
+
+// A = (SiLU(q·kᵀ / √d_qk) / N ⊙ mask) · v per head; q [n, heads·d_qk], k [m, heads·d_qk],
+// v [m, heads·d_v], mask [n, m] of 0/1. Returns [n, heads·d_v].
+at::Tensor Attend(const HstuConfig& c, const at::Tensor& q, const at::Tensor& k,
+                  const at::Tensor& v, const at::Tensor& mask) {
+  const int64_t n = q.size(0), m = k.size(0), H = c.heads;
+  at::Tensor qh = q.view({n, H, c.d_qk}).transpose(0, 1);  // [H, n, d_qk]
+  at::Tensor kh = k.view({m, H, c.d_qk}).transpose(0, 1);  // [H, m, d_qk]
+  at::Tensor vh = v.view({m, H, c.d_v}).transpose(0, 1);   // [H, m, d_v]
+  at::Tensor s =
+      at::silu(at::bmm(qh, kh.transpose(1, 2)) / std::sqrt(static_cast<double>(c.d_qk))) /
+      static_cast<double>(c.attn_norm);
+  s = s * mask.unsqueeze(0);
+  return at::bmm(s, vh).transpose(0, 1).reshape({n, H * int64_t{c.d_v}});
+}
+
+at::Tensor Residual(const Layer& L, const HstuConfig& c, const at::Tensor& x, const Uvqk& p,
+                    const at::Tensor& a) {
+  const int64_t hv = int64_t{c.heads} * c.d_v;
+  at::Tensor an = at::layer_norm(a, {hv}, L.ln2_w, L.ln2_b, kLnEps);
+  return x + at::mm(p.u * an, L.w_o);
+}
+
+// Linear(D, h) -> SiLU -> Linear(h, T) over the candidates' outputs.
+at::Tensor Head(const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                const at::Tensor& b2, const at::Tensor& y) {
+  return at::addmm(b2, at::silu(at::addmm(b1, y, w1)), w2);
+}
+
+absl::Status CopyScores(const at::Tensor& s, std::span<float> scores) {
+  at::Tensor c = s.contiguous();
+  if (static_cast<size_t>(c.numel()) != scores.size()) {
+    return absl::InternalError("score size mismatch");
+  }
+  std::memcpy(scores.data(), c.data_ptr<float>(), scores.size() * sizeof(float));
+  return absl::OkStatus();
+}
+
+absl::Status CheckRows(const char* what, std::span<const float> s, uint32_t dim, int64_t* rows) {
+  if (s.size() % dim != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", s.size(), " floats is not a whole number of rows of ", dim));
+  }
+  *rows = static_cast<int64_t>(s.size() / dim);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status HstuModel::ForwardReference(std::span<const float> history_emb,
+                                         std::span<const float> candidate_emb,
+                                         std::span<float> scores) const {
+  const HstuConfig& c = config_;
+  int64_t H = 0, C = 0;
+  if (absl::Status st = CheckRows("history", history_emb, c.dim, &H); !st.ok()) return st;
+  if (absl::Status st = CheckRows("candidates", candidate_emb, c.dim, &C); !st.ok()) return st;
+  if (C == 0) return absl::InvalidArgumentError("candidates: none");
+  if (H > c.max_positions) {
+    return absl::OutOfRangeError(
+        absl::StrCat("history of ", H, " tokens exceeds max_positions ", c.max_positions));
+  }
+  if (scores.size() != static_cast<size_t>(C) * c.targets) {
+    return absl::InvalidArgumentError("scores: must hold candidates × targets floats");
+  }
+  at::NoGradGuard no_grad;
+  at::Tensor x = at::cat({Inputs(FromSpan(history_emb, H, c.dim), w_->pos, 0, false, c.dim),
+                          Inputs(FromSpan(candidate_emb, C, c.dim), w_->pos, H, true, c.dim)});
+  // Mask: history causal; a candidate sees all history and itself.
+  at::Tensor mask = at::zeros({H + C, H + C}, at::kFloat);
+  if (H > 0) mask.narrow(0, 0, H).narrow(1, 0, H).copy_(at::ones({H, H}).tril());
+  mask.narrow(0, H, C).narrow(1, 0, H).fill_(1);
+  mask.narrow(0, H, C).narrow(1, H, C).copy_(at::eye(C, at::kFloat));
+  for (const Layer& L : w_->layers) {
+    Uvqk p = Project(L, c, x);
+    x = Residual(L, c, x, p, Attend(c, p.q, p.k, p.v, mask));
+  }
+  return CopyScores(Head(w_->head_w1, w_->head_b1, w_->head_w2, w_->head_b2, x.narrow(0, H, C)),
+                    scores);
+}
+
+absl::Status HstuModel::ForwardCached(const KvPagesView& kv, uint64_t cached_len,
+                                      std::span<const float> new_history_emb,
+                                      std::span<const float> candidate_emb,
+                                      std::span<float> scores) const {
+  const HstuConfig& c = config_;
+  int64_t n = 0, C = 0;
+  if (absl::Status st = CheckRows("new history", new_history_emb, c.dim, &n); !st.ok()) return st;
+  if (absl::Status st = CheckRows("candidates", candidate_emb, c.dim, &C); !st.ok()) return st;
+  if (C == 0) return absl::InvalidArgumentError("candidates: none");
+  const int64_t c0 = static_cast<int64_t>(cached_len), total = c0 + n;
+  if (total > c.max_positions) {
+    return absl::OutOfRangeError(
+        absl::StrCat("history of ", total, " tokens exceeds max_positions ", c.max_positions));
+  }
+  if (scores.size() != static_cast<size_t>(C) * c.targets) {
+    return absl::InvalidArgumentError("scores: must hold candidates × targets floats");
+  }
+  const KvGeometry& g = kv.geometry;
+  if (g.layers != c.layers || g.kv_dim != c.kv_dim() || g.dtype_bytes != 4 || g.page_tokens == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv pages: geometry (layers ", g.layers, ", kv_dim ", g.kv_dim, ", dtype ", g.dtype_bytes,
+        ") does not match the model (layers ", c.layers, ", kv_dim ", c.kv_dim(), ", fp32)"));
+  }
+  if (kv.page_offsets.size() * uint64_t{g.page_tokens} < static_cast<uint64_t>(total) ||
+      kv.pool == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("kv pages: ", kv.page_offsets.size(),
+                                                   " pages cannot hold ", total, " tokens"));
+  }
+  at::NoGradGuard no_grad;
+  const int64_t kvd = c.kv_dim(), hq = int64_t{c.heads} * c.d_qk, hv = int64_t{c.heads} * c.d_v;
+  const int64_t pt = g.page_tokens;
+  // [first, first + count) of one layer's K or V across the user's pages, as a view per page.
+  auto page_block = [&](uint32_t layer, KvPart part, int64_t first, int64_t count,
+                        const std::function<void(at::Tensor, int64_t)>& fn) {
+    for (int64_t t = first; t < first + count;) {
+      const int64_t page = t / pt, slot = t % pt, rows = std::min(pt - slot, first + count - t);
+      float* base =
+          reinterpret_cast<float*>(kv.pool + kv.page_offsets[page] +
+                                   g.OffsetInPage(layer, part, static_cast<uint32_t>(slot)));
+      fn(at::from_blob(base, {rows, kvd}, at::kFloat), t - first);
+      t += rows;
+    }
+  };
+  auto read = [&](uint32_t layer, KvPart part, int64_t width) {
+    at::Tensor out = at::empty({c0, width}, at::kFloat);
+    page_block(layer, part, 0, c0, [&](at::Tensor block, int64_t at_row) {
+      out.narrow(0, at_row, block.size(0)).copy_(block.narrow(1, 0, width));
+    });
+    return out;
+  };
+  auto write = [&](uint32_t layer, KvPart part, const at::Tensor& src) {
+    const int64_t width = src.size(1);
+    page_block(layer, part, c0, n, [&](at::Tensor block, int64_t at_row) {
+      block.narrow(1, 0, width).copy_(src.narrow(0, at_row, block.size(0)));
+      if (width < kvd) block.narrow(1, width, kvd - width).zero_();
+    });
+  };
+
+  at::Tensor x = at::cat({Inputs(FromSpan(new_history_emb, n, c.dim), w_->pos, c0, false, c.dim),
+                          Inputs(FromSpan(candidate_emb, C, c.dim), w_->pos, total, true, c.dim)});
+  // Keys: cached history [0, c0), new history [c0, total), candidates. New token i (global
+  // c0 + i) sees history keys j <= c0 + i; candidate r sees all history and itself.
+  at::Tensor mask = at::zeros({n + C, total + C}, at::kFloat);
+  if (n > 0) {
+    mask.narrow(0, 0, n).narrow(1, 0, c0).fill_(1);
+    mask.narrow(0, 0, n).narrow(1, c0, n).copy_(at::ones({n, n}).tril());
+  }
+  mask.narrow(0, n, C).narrow(1, 0, total).fill_(1);
+  mask.narrow(0, n, C).narrow(1, total, C).copy_(at::eye(C, at::kFloat));
+  for (uint32_t l = 0; l < c.layers; ++l) {
+    const Layer& L = w_->layers[l];
+    Uvqk p = Project(L, c, x);
+    if (n > 0) {
+      write(l, KvPart::kKey, p.k.narrow(0, 0, n));
+      write(l, KvPart::kValue, p.v.narrow(0, 0, n));
+    }
+    at::Tensor keys = at::cat({read(l, KvPart::kKey, hq), p.k});
+    at::Tensor values = at::cat({read(l, KvPart::kValue, hv), p.v});
+    x = Residual(L, c, x, p, Attend(c, p.q, keys, values, mask));
+  }
+  return CopyScores(Head(w_->head_w1, w_->head_b1, w_->head_w2, w_->head_b2, x.narrow(0, n, C)),
+                    scores);
+}
+
+}  // namespace hlem::serving

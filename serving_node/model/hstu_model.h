@@ -1,0 +1,66 @@
+#pragma once
+// HSTU with exact cross-request KV reuse (ARCHITECTURE §5), on libtorch's CPU backend. The only
+// part of the serving node that includes torch (in hstu_model.cc, behind this torch-free header).
+//
+// Inputs are the feature rows already summed per token: e[t] = Σ_f E_f[id_f(t)] (the pipeline
+// gathers them from the EMB cache); the model forms x = √D · e + P[pos] with pos = j for history
+// token j and pos = H (the history length) for every candidate.
+//
+// Two forwards: ForwardReference recomputes everything (the correctness reference), and
+// ForwardCached reuses the K/V of the cached history prefix from KV pages, computes only the new
+// history tokens and the candidates, and writes the new tokens' K/V into their pages. The two
+// give the same scores within float tolerance for any split of the history (tested).
+//
+// Thread-safe for concurrent forwards (the weights are read-only).
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "absl/status/statusor.h"
+#include "serving_node/core/kv_geometry.h"
+#include "serving_node/model/hstu_config.h"
+
+namespace hlem::serving {
+
+// A user's K/V for one forward: token j lives in the page at pool byte offset
+// page_offsets[j / page_tokens], slot j % page_tokens (the user's block table in token order),
+// laid out as `geometry` says (fp32, kv_dim = HstuConfig::kv_dim(), one page layer-major).
+struct KvPagesView {
+  KvGeometry geometry;
+  std::byte* pool = nullptr;  // host address of the pool (the cpu device's arena)
+  std::span<const uint64_t> page_offsets;
+};
+
+class HstuModel {
+ public:
+  // Weights drawn from `seed` (deterministic): matrices N(0, 1/fan_in), LayerNorm gains near 1.
+  static absl::StatusOr<std::unique_ptr<HstuModel>> CreateRandom(const HstuConfig& config,
+                                                                 uint64_t seed);
+  ~HstuModel();
+  HstuModel(const HstuModel&) = delete;
+  HstuModel& operator=(const HstuModel&) = delete;
+
+  const HstuConfig& config() const;
+
+  // history_emb: H × D floats (row-major), candidate_emb: C × D, scores: C × T.
+  absl::Status ForwardReference(std::span<const float> history_emb,
+                                std::span<const float> candidate_emb,
+                                std::span<float> scores) const;
+  // Tokens [0, cached_len) have K/V in `kv`; new_history_emb holds tokens
+  // [cached_len, cached_len + n) (n × D floats), whose K/V this call writes into `kv`.
+  // INVALID_ARGUMENT for mismatched sizes, a geometry that does not match the model, too few
+  // pages for cached_len + n tokens, or a history past max_positions.
+  absl::Status ForwardCached(const KvPagesView& kv, uint64_t cached_len,
+                             std::span<const float> new_history_emb,
+                             std::span<const float> candidate_emb, std::span<float> scores) const;
+
+ private:
+  struct Weights;
+  HstuModel(const HstuConfig& config, std::unique_ptr<Weights> weights);
+  const HstuConfig config_;
+  std::unique_ptr<Weights> w_;
+};
+
+}  // namespace hlem::serving

@@ -1,0 +1,182 @@
+#include "serving_node/model/hstu_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "common/clock.h"
+#include "gtest/gtest.h"
+#include "serving_node/core/hbm_pool.h"
+#include "serving_node/core/kv_cache.h"
+
+namespace hlem::serving {
+namespace {
+
+HstuConfig SmallConfig() {
+  return {.layers = 2,
+          .dim = 32,
+          .heads = 2,
+          .d_qk = 8,
+          .d_v = 12,  // K and V of different widths: K is padded in the page
+          .head_hidden = 16,
+          .targets = 2,
+          .attn_norm = 16,
+          .max_positions = 512};
+}
+
+std::vector<float> RandomRows(std::mt19937_64& rng, size_t rows, uint32_t dim) {
+  std::normal_distribution<float> d(0, 0.3f);
+  std::vector<float> v(rows * dim);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+double MaxRelDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    worst = std::max(worst, std::abs(double{a[i]} - b[i]) / std::max(1.0, std::abs(double{b[i]})));
+  }
+  return worst;
+}
+
+// Pages of a host buffer standing in for the pool; the block table is a random permutation, so
+// nothing depends on a user's pages being adjacent.
+struct HostPages {
+  HostPages(const HstuConfig& c, uint32_t page_tokens, uint32_t pages, std::mt19937_64& rng) {
+    geometry = {
+        .layers = c.layers, .kv_dim = c.kv_dim(), .dtype_bytes = 4, .page_tokens = page_tokens};
+    geometry.page_bytes = uint64_t{page_tokens} * geometry.token_bytes();
+    bytes.assign(pages * geometry.page_bytes,
+                 std::byte{0x7f});  // garbage where nothing was written
+    std::vector<uint64_t> order(pages);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    for (uint64_t p : order) offsets.push_back(p * geometry.page_bytes);
+  }
+  KvPagesView View() { return {geometry, bytes.data(), offsets}; }
+  KvGeometry geometry;
+  std::vector<std::byte> bytes;
+  std::vector<uint64_t> offsets;
+};
+
+TEST(HstuModelTest, RejectsBadConfigs) {
+  HstuConfig c = SmallConfig();
+  c.heads = 0;
+  EXPECT_EQ(HstuModel::CreateRandom(c, 1).status().code(), absl::StatusCode::kInvalidArgument);
+  c = SmallConfig();
+  c.attn_norm = 0;
+  auto m = HstuModel::CreateRandom(c, 1);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("attn_norm"), std::string::npos) << m.status();
+}
+
+// The correctness contract: for any split of the history into a cached prefix and new tokens and
+// any candidate set, the cached path's scores equal a full recompute.
+TEST(HstuModelTest, CachedForwardEqualsFullRecompute) {
+  const HstuConfig c = SmallConfig();
+  auto model = *HstuModel::CreateRandom(c, 42);
+  std::mt19937_64 rng(7);
+  double worst = 0;
+  for (int trial = 0; trial < 120; ++trial) {
+    const uint32_t H = rng() % 200, C = 1 + rng() % 12, page_tokens = 1 + rng() % 40;
+    const uint32_t c0 = H == 0 ? 0 : rng() % (H + 1);
+    const std::vector<float> hist = RandomRows(rng, H, c.dim), cand = RandomRows(rng, C, c.dim);
+    std::vector<float> ref(C * c.targets), got(C * c.targets), scratch;
+    ASSERT_TRUE(model->ForwardReference(hist, cand, ref).ok());
+    HostPages pages(c, page_tokens, (H + page_tokens - 1) / page_tokens + 1, rng);
+    // Request 1 caches the prefix (with other candidates); request 2 brings the rest.
+    const std::vector<float> other = RandomRows(rng, 1 + rng() % 5, c.dim);
+    scratch.resize(other.size() / c.dim * c.targets);
+    ASSERT_TRUE(model
+                    ->ForwardCached(pages.View(), 0,
+                                    std::span<const float>(hist).first(size_t{c0} * c.dim), other,
+                                    scratch)
+                    .ok());
+    ASSERT_TRUE(model
+                    ->ForwardCached(pages.View(), c0,
+                                    std::span<const float>(hist).subspan(size_t{c0} * c.dim), cand,
+                                    got)
+                    .ok());
+    const double d = MaxRelDiff(got, ref);
+    worst = std::max(worst, d);
+    ASSERT_LE(d, 1e-4) << "trial " << trial << " H " << H << " cached " << c0 << " C " << C
+                       << " page_tokens " << page_tokens;
+  }
+  std::cout << "worst relative difference over 120 cases: " << worst << "\n";
+}
+
+// A user served three times as its history grows, with pages from a real KvCache: every answer
+// equals a cold full recompute.
+TEST(HstuModelTest, ReturningUserThroughTheKvCache) {
+  const HstuConfig c = SmallConfig();
+  auto model = *HstuModel::CreateRandom(c, 3);
+  SimClock clock;
+  constexpr uint64_t kPageBytes = 16 << 10;
+  auto pool = *HbmPool::Create({.pool_bytes = 64 * kPageBytes, .page_bytes = kPageBytes});
+  auto kv = *KvCache::Create({.layers = c.layers, .kv_dim = c.kv_dim(), .dtype_bytes = 4}, *pool,
+                             nullptr, clock);
+  std::vector<std::byte> arena(pool->num_pages() * kPageBytes);
+  std::mt19937_64 rng(9);
+  std::vector<uint64_t> tokens;  // the user's history events (ids), for the prefix hash
+  std::vector<float> hist;
+  for (int request = 0; request < 3; ++request) {
+    const uint32_t grow = 40 + 30 * request;
+    for (uint32_t i = 0; i < grow; ++i) tokens.push_back(rng());
+    const std::vector<float> more = RandomRows(rng, grow, c.dim);
+    hist.insert(hist.end(), more.begin(), more.end());
+    const std::vector<float> cand = RandomRows(rng, 5, c.dim);
+
+    KvLookupResult cached = kv->Lookup(11, tokens);
+    ASSERT_EQ(cached.prefix.len, tokens.size() - grow) << "request " << request;
+    auto append =
+        kv->Append(11, cached.prefix, std::span<const uint64_t>(tokens).subspan(cached.prefix.len));
+    ASSERT_TRUE(append.ok()) << append.status();
+    // The block table: the prefix's pages, then the pages the append reserved.
+    std::vector<uint64_t> offsets;
+    for (PageId p : cached.pages) offsets.push_back(pool->PageOffset(p));
+    for (const KvSlotRun& run : append->runs) {
+      if (offsets.empty() || offsets.back() != pool->PageOffset(run.page)) {
+        offsets.push_back(pool->PageOffset(run.page));
+      }
+    }
+    KvPagesView view{kv->layout(), arena.data(), offsets};
+    std::vector<float> got(5 * c.targets), ref(5 * c.targets);
+    ASSERT_TRUE(model
+                    ->ForwardCached(view, cached.prefix.len,
+                                    std::span<const float>(hist).subspan(cached.prefix.len * c.dim),
+                                    cand, got)
+                    .ok());
+    ASSERT_TRUE(kv->CommitAppend(11, append->prefix).ok());
+    ASSERT_TRUE(model->ForwardReference(hist, cand, ref).ok());
+    EXPECT_LE(MaxRelDiff(got, ref), 1e-4) << "request " << request;
+  }
+}
+
+TEST(HstuModelTest, BadInputsAreErrors) {
+  const HstuConfig c = SmallConfig();
+  auto model = *HstuModel::CreateRandom(c, 1);
+  std::vector<float> hist(10 * c.dim), cand(2 * c.dim), scores(2 * c.targets);
+  std::vector<float> ragged(c.dim + 3);
+  EXPECT_EQ(model->ForwardReference(ragged, cand, scores).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(model->ForwardReference(hist, {}, {}).code(), absl::StatusCode::kInvalidArgument);
+  std::vector<float> few_scores(1);
+  EXPECT_EQ(model->ForwardReference(hist, cand, few_scores).code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<float> too_long((c.max_positions + 1) * c.dim);
+  EXPECT_EQ(model->ForwardReference(too_long, cand, scores).code(), absl::StatusCode::kOutOfRange);
+  std::mt19937_64 rng(1);
+  HostPages pages(c, 4, 2, rng);  // 8 tokens
+  EXPECT_EQ(model->ForwardCached(pages.View(), 0, hist, cand, scores).code(),
+            absl::StatusCode::kInvalidArgument);  // 10 tokens do not fit
+  KvPagesView wrong = pages.View();
+  wrong.geometry.kv_dim += 1;
+  EXPECT_EQ(model->ForwardCached(wrong, 0, std::span<const float>(hist).first(c.dim), cand, scores)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace hlem::serving
