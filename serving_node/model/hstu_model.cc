@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "serving_node/model/hstu_weights.h"
 
 namespace hlem::serving {
 
@@ -35,14 +36,6 @@ namespace {
 
 constexpr double kLnEps = 1e-5;
 
-struct Layer {
-  at::Tensor ln1_w, ln1_b;  // [D]
-  at::Tensor w_uvqk;        // [D, heads·(2 d_v + 2 d_qk)]
-  at::Tensor b_uvqk;        // [heads·(2 d_v + 2 d_qk)]
-  at::Tensor ln2_w, ln2_b;  // [heads·d_v]
-  at::Tensor w_o;           // [heads·d_v, D]
-};
-
 // A token block's per-layer projections.
 struct Uvqk {
   at::Tensor u, v, q, k;  // [n, heads·d_v], [n, heads·d_v], [n, heads·d_qk], [n, heads·d_qk]
@@ -54,12 +47,6 @@ at::Tensor FromSpan(std::span<const float> s, int64_t rows, int64_t cols) {
 }
 
 }  // namespace
-
-struct HstuModel::Weights {
-  at::Tensor pos;  // [max_positions + 1, D]
-  std::vector<Layer> layers;
-  at::Tensor head_w1, head_b1, head_w2, head_b2;  // [D, h], [h], [h, T], [T]
-};
 
 HstuModel::HstuModel(const HstuConfig& config, std::unique_ptr<Weights> weights)
     : config_(config), w_(std::move(weights)) {}
@@ -78,7 +65,7 @@ absl::StatusOr<std::unique_ptr<HstuModel>> HstuModel::CreateRandom(const HstuCon
   const int64_t D = c.dim, hv = int64_t{c.heads} * c.d_v;
   w->pos = normal({int64_t{c.max_positions} + 1, D}, 0.02);
   for (uint32_t l = 0; l < c.layers; ++l) {
-    Layer L;
+    HstuLayer L;
     L.ln1_w = 1 + normal({D}, 0.05);
     L.ln1_b = normal({D}, 0.05);
     L.w_uvqk = normal({D, c.uvqk_dim()}, 1.0 / std::sqrt(static_cast<double>(D)));
@@ -108,7 +95,7 @@ at::Tensor Inputs(const at::Tensor& emb, const at::Tensor& pos_table, int64_t fi
   return emb * std::sqrt(static_cast<double>(dim)) + pos;
 }
 
-Uvqk Project(const Layer& L, const HstuConfig& c, const at::Tensor& x) {
+Uvqk Project(const HstuLayer& L, const HstuConfig& c, const at::Tensor& x) {
   const int64_t D = c.dim, hv = int64_t{c.heads} * c.d_v, hq = int64_t{c.heads} * c.d_qk;
   at::Tensor xn = at::layer_norm(x, {D}, L.ln1_w, L.ln1_b, kLnEps);
   at::Tensor uvqk = at::silu(at::addmm(L.b_uvqk, xn, L.w_uvqk));
@@ -131,7 +118,7 @@ at::Tensor Attend(const HstuConfig& c, const at::Tensor& q, const at::Tensor& k,
   return at::bmm(s, vh).transpose(0, 1).reshape({n, H * int64_t{c.d_v}});
 }
 
-at::Tensor Residual(const Layer& L, const HstuConfig& c, const at::Tensor& x, const Uvqk& p,
+at::Tensor Residual(const HstuLayer& L, const HstuConfig& c, const at::Tensor& x, const Uvqk& p,
                     const at::Tensor& a) {
   const int64_t hv = int64_t{c.heads} * c.d_v;
   at::Tensor an = at::layer_norm(a, {hv}, L.ln2_w, L.ln2_b, kLnEps);
@@ -187,7 +174,7 @@ absl::Status HstuModel::ForwardReference(std::span<const float> history_emb,
   if (H > 0) mask.narrow(0, 0, H).narrow(1, 0, H).copy_(at::ones({H, H}).tril());
   mask.narrow(0, H, C).narrow(1, 0, H).fill_(1);
   mask.narrow(0, H, C).narrow(1, H, C).copy_(at::eye(C, at::kFloat));
-  for (const Layer& L : w_->layers) {
+  for (const HstuLayer& L : w_->layers) {
     Uvqk p = Project(L, c, x);
     x = Residual(L, c, x, p, Attend(c, p.q, p.k, p.v, mask));
   }
@@ -265,7 +252,7 @@ absl::Status HstuModel::ForwardCached(const KvPagesView& kv, uint64_t cached_len
   mask.narrow(0, n, C).narrow(1, 0, total).fill_(1);
   mask.narrow(0, n, C).narrow(1, total, C).copy_(at::eye(C, at::kFloat));
   for (uint32_t l = 0; l < c.layers; ++l) {
-    const Layer& L = w_->layers[l];
+    const HstuLayer& L = w_->layers[l];
     Uvqk p = Project(L, c, x);
     if (n > 0) {
       write(l, KvPart::kKey, p.k.narrow(0, 0, n));

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "serving_node/core/kv_geometry.h"
@@ -38,6 +39,14 @@ class HstuModel {
   // Weights drawn from `seed` (deterministic): matrices N(0, 1/fan_in), LayerNorm gains near 1.
   static absl::StatusOr<std::unique_ptr<HstuModel>> CreateRandom(const HstuConfig& config,
                                                                  uint64_t seed);
+  // Weights from a state-dict file written by Python's torch.save(model.state_dict(), path) or
+  // by Save; names and shapes in docs/model.md. NOT_FOUND for a missing or unreadable file;
+  // INVALID_ARGUMENT naming the tensor for a missing or unexpected name, a shape that does not
+  // match `config`, or a file that is not a state dict.
+  static absl::StatusOr<std::unique_ptr<HstuModel>> Load(const HstuConfig& config,
+                                                         const std::string& path);
+  // Writes the weights as a state dict (the format Load and Python's torch.load read).
+  absl::Status Save(const std::string& path) const;
   ~HstuModel();
   HstuModel(const HstuModel&) = delete;
   HstuModel& operator=(const HstuModel&) = delete;
@@ -56,8 +65,9 @@ class HstuModel {
                              std::span<const float> new_history_emb,
                              std::span<const float> candidate_emb, std::span<float> scores) const;
 
+  struct Weights;  // torch tensors; defined in hstu_weights.h (model .cc files only)
+
  private:
-  struct Weights;
   HstuModel(const HstuConfig& config, std::unique_ptr<Weights> weights);
   const HstuConfig config_;
   std::unique_ptr<Weights> w_;

@@ -1,7 +1,11 @@
 #include "serving_node/model/hstu_model.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -152,6 +156,60 @@ TEST(HstuModelTest, ReturningUserThroughTheKvCache) {
     ASSERT_TRUE(model->ForwardReference(hist, cand, ref).ok());
     EXPECT_LE(MaxRelDiff(got, ref), 1e-4) << "request " << request;
   }
+}
+
+std::string TempPath(const std::string& name) {
+  return (std::filesystem::temp_directory_path() /
+          (name + "." + std::to_string(::getpid()) + ".pt"))
+      .string();
+}
+
+TEST(HstuModelTest, WeightsRoundTripThroughAStateDictFile) {
+  const HstuConfig c = SmallConfig();
+  auto model = *HstuModel::CreateRandom(c, 5);
+  const std::string path = TempPath("hstu_roundtrip");
+  ASSERT_TRUE(model->Save(path).ok());
+  auto loaded = HstuModel::Load(c, path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  std::mt19937_64 rng(2);
+  const std::vector<float> hist = RandomRows(rng, 30, c.dim), cand = RandomRows(rng, 4, c.dim);
+  std::vector<float> a(4 * c.targets), b(4 * c.targets);
+  ASSERT_TRUE(model->ForwardReference(hist, cand, a).ok());
+  ASSERT_TRUE((*loaded)->ForwardReference(hist, cand, b).ok());
+  EXPECT_EQ(a, b);
+  // Another seed gives other scores: the file, not the seed, made them equal.
+  auto other = *HstuModel::CreateRandom(c, 6);
+  ASSERT_TRUE(other->ForwardReference(hist, cand, b).ok());
+  EXPECT_NE(a, b);
+  std::filesystem::remove(path);
+}
+
+TEST(HstuModelTest, WeightFileMismatchesNameTheTensor) {
+  const HstuConfig c = SmallConfig();
+  auto expect_error = [&](const HstuConfig& saved_as, const std::string& needle) {
+    const std::string path = TempPath("hstu_mismatch");
+    ASSERT_TRUE((*HstuModel::CreateRandom(saved_as, 1))->Save(path).ok());
+    auto loaded = HstuModel::Load(c, path);
+    ASSERT_FALSE(loaded.ok());
+    EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(loaded.status().message().find(needle), std::string::npos) << loaded.status();
+    std::filesystem::remove(path);
+  };
+  HstuConfig fewer = c;
+  fewer.layers = 1;
+  expect_error(fewer, "missing tensor 'layers.1.ln1.weight'");
+  HstuConfig more = c;
+  more.layers = 3;
+  expect_error(more, "unexpected tensor 'layers.2.");
+  HstuConfig narrower = c;
+  narrower.dim = 16;
+  expect_error(narrower, "tensor 'pos.weight' has shape [513, 16]");
+  EXPECT_EQ(HstuModel::Load(c, "/nonexistent/hstu.pt").status().code(),
+            absl::StatusCode::kNotFound);
+  const std::string garbage = TempPath("hstu_garbage");
+  std::ofstream(garbage) << "not a torch file";
+  EXPECT_EQ(HstuModel::Load(c, garbage).status().code(), absl::StatusCode::kInvalidArgument);
+  std::filesystem::remove(garbage);
 }
 
 TEST(HstuModelTest, BadInputsAreErrors) {
