@@ -186,84 +186,165 @@ absl::Status HstuModel::ForwardCached(const KvPagesView& kv, uint64_t cached_len
                                       std::span<const float> new_history_emb,
                                       std::span<const float> candidate_emb,
                                       std::span<float> scores) const {
-  const HstuConfig& c = config_;
+  const ModelStep step{.kv = kv,
+                       .cached_len = cached_len,
+                       .new_history_emb = new_history_emb,
+                       .candidate_emb = candidate_emb,
+                       .scores = scores};
+  return ForwardBatch(std::span<const ModelStep>(&step, 1));
+}
+
+namespace {
+
+// One step's place in the batch: its rows of the packed token matrix (new history first, then
+// candidates) and its keys.
+struct StepPlan {
+  int64_t first_row = 0;
+  int64_t n = 0;    // new history tokens
+  int64_t C = 0;    // candidates
+  int64_t c0 = 0;   // cached tokens
+  at::Tensor mask;  // [n + C, c0 + n + C]
+};
+
+absl::Status CheckStep(const HstuConfig& c, const ModelStep& s, size_t index, StepPlan* plan) {
+  const std::string where = absl::StrCat("step ", index, ": ");
   int64_t n = 0, C = 0;
-  if (absl::Status st = CheckRows("new history", new_history_emb, c.dim, &n); !st.ok()) return st;
-  if (absl::Status st = CheckRows("candidates", candidate_emb, c.dim, &C); !st.ok()) return st;
-  if (C == 0) return absl::InvalidArgumentError("candidates: none");
-  const int64_t c0 = static_cast<int64_t>(cached_len), total = c0 + n;
+  if (absl::Status st = CheckRows("new history", s.new_history_emb, c.dim, &n); !st.ok()) {
+    return absl::InvalidArgumentError(where + std::string(st.message()));
+  }
+  if (absl::Status st = CheckRows("candidates", s.candidate_emb, c.dim, &C); !st.ok()) {
+    return absl::InvalidArgumentError(where + std::string(st.message()));
+  }
+  if (C == 0) return absl::InvalidArgumentError(where + "candidates: none");
+  const int64_t c0 = static_cast<int64_t>(s.cached_len), total = c0 + n;
   if (total > c.max_positions) {
-    return absl::OutOfRangeError(
-        absl::StrCat("history of ", total, " tokens exceeds max_positions ", c.max_positions));
+    return absl::OutOfRangeError(absl::StrCat(where, "history of ", total,
+                                              " tokens exceeds max_positions ", c.max_positions));
   }
-  if (scores.size() != static_cast<size_t>(C) * c.targets) {
-    return absl::InvalidArgumentError("scores: must hold candidates × targets floats");
+  if (s.scores.size() != static_cast<size_t>(C) * c.targets) {
+    return absl::InvalidArgumentError(where + "scores: must hold candidates × targets floats");
   }
-  const KvGeometry& g = kv.geometry;
+  const KvGeometry& g = s.kv.geometry;
   if (g.layers != c.layers || g.kv_dim != c.kv_dim() || g.dtype_bytes != 4 || g.page_tokens == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "kv pages: geometry (layers ", g.layers, ", kv_dim ", g.kv_dim, ", dtype ", g.dtype_bytes,
-        ") does not match the model (layers ", c.layers, ", kv_dim ", c.kv_dim(), ", fp32)"));
+    return absl::InvalidArgumentError(absl::StrCat(where, "kv pages: geometry (layers ", g.layers,
+                                                   ", kv_dim ", g.kv_dim, ", dtype ", g.dtype_bytes,
+                                                   ") does not match the model (layers ", c.layers,
+                                                   ", kv_dim ", c.kv_dim(), ", fp32)"));
   }
-  if (kv.page_offsets.size() * uint64_t{g.page_tokens} < static_cast<uint64_t>(total) ||
-      kv.pool == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("kv pages: ", kv.page_offsets.size(),
+  if (s.kv.page_offsets.size() * uint64_t{g.page_tokens} < static_cast<uint64_t>(total) ||
+      s.kv.pool == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(where, "kv pages: ", s.kv.page_offsets.size(),
                                                    " pages cannot hold ", total, " tokens"));
   }
+  plan->n = n;
+  plan->C = C;
+  plan->c0 = c0;
+  return absl::OkStatus();
+}
+
+// Runs fn(view of rows, index of its first row) over one layer's K or V of tokens
+// [first, first + count) in the step's pages, a page at a time.
+void ForEachPageBlock(const KvPagesView& kv, int64_t kv_dim, uint32_t layer, KvPart part,
+                      int64_t first, int64_t count,
+                      const std::function<void(at::Tensor, int64_t)>& fn) {
+  const KvGeometry& g = kv.geometry;
+  const int64_t pt = g.page_tokens;
+  for (int64_t t = first; t < first + count;) {
+    const int64_t page = t / pt, slot = t % pt, rows = std::min(pt - slot, first + count - t);
+    float* base = reinterpret_cast<float*>(
+        kv.pool + kv.page_offsets[page] + g.OffsetInPage(layer, part, static_cast<uint32_t>(slot)));
+    fn(at::from_blob(base, {rows, kv_dim}, at::kFloat), t - first);
+    t += rows;
+  }
+}
+
+}  // namespace
+
+absl::Status HstuModel::ForwardBatch(std::span<const ModelStep> steps) const {
+  const HstuConfig& c = config_;
+  std::vector<StepPlan> plans(steps.size());
+  int64_t rows = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (absl::Status st = CheckStep(c, steps[i], i, &plans[i]); !st.ok()) return st;
+    plans[i].first_row = rows;
+    rows += plans[i].n + plans[i].C;
+  }
+  if (steps.empty()) return absl::OkStatus();
   at::NoGradGuard no_grad;
   const int64_t kvd = c.kv_dim(), hq = int64_t{c.heads} * c.d_qk, hv = int64_t{c.heads} * c.d_v;
-  const int64_t pt = g.page_tokens;
-  // [first, first + count) of one layer's K or V across the user's pages, as a view per page.
-  auto page_block = [&](uint32_t layer, KvPart part, int64_t first, int64_t count,
-                        const std::function<void(at::Tensor, int64_t)>& fn) {
-    for (int64_t t = first; t < first + count;) {
-      const int64_t page = t / pt, slot = t % pt, rows = std::min(pt - slot, first + count - t);
-      float* base =
-          reinterpret_cast<float*>(kv.pool + kv.page_offsets[page] +
-                                   g.OffsetInPage(layer, part, static_cast<uint32_t>(slot)));
-      fn(at::from_blob(base, {rows, kvd}, at::kFloat), t - first);
-      t += rows;
-    }
-  };
-  auto read = [&](uint32_t layer, KvPart part, int64_t width) {
-    at::Tensor out = at::empty({c0, width}, at::kFloat);
-    page_block(layer, part, 0, c0, [&](at::Tensor block, int64_t at_row) {
-      out.narrow(0, at_row, block.size(0)).copy_(block.narrow(1, 0, width));
-    });
-    return out;
-  };
-  auto write = [&](uint32_t layer, KvPart part, const at::Tensor& src) {
-    const int64_t width = src.size(1);
-    page_block(layer, part, c0, n, [&](at::Tensor block, int64_t at_row) {
-      block.narrow(1, 0, width).copy_(src.narrow(0, at_row, block.size(0)));
-      if (width < kvd) block.narrow(1, width, kvd - width).zero_();
-    });
-  };
 
-  at::Tensor x = at::cat({Inputs(FromSpan(new_history_emb, n, c.dim), w_->pos, c0, false, c.dim),
-                          Inputs(FromSpan(candidate_emb, C, c.dim), w_->pos, total, true, c.dim)});
-  // Keys: cached history [0, c0), new history [c0, total), candidates. New token i (global
-  // c0 + i) sees history keys j <= c0 + i; candidate r sees all history and itself.
-  at::Tensor mask = at::zeros({n + C, total + C}, at::kFloat);
-  if (n > 0) {
-    mask.narrow(0, 0, n).narrow(1, 0, c0).fill_(1);
-    mask.narrow(0, 0, n).narrow(1, c0, n).copy_(at::ones({n, n}).tril());
+  // The packed token matrix and the rows of the candidates, in step order.
+  std::vector<at::Tensor> inputs;
+  std::vector<int64_t> candidate_rows;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const ModelStep& s = steps[i];
+    StepPlan& p = plans[i];
+    const int64_t total = p.c0 + p.n;
+    if (p.n > 0) {
+      inputs.push_back(
+          Inputs(FromSpan(s.new_history_emb, p.n, c.dim), w_->pos, p.c0, false, c.dim));
+    }
+    inputs.push_back(Inputs(FromSpan(s.candidate_emb, p.C, c.dim), w_->pos, total, true, c.dim));
+    for (int64_t r = 0; r < p.C; ++r) candidate_rows.push_back(p.first_row + p.n + r);
+    // Keys: cached history [0, c0), new history [c0, total), candidates. New token i (global
+    // c0 + i) sees history keys j <= c0 + i; candidate r sees all history and itself.
+    p.mask = at::zeros({p.n + p.C, total + p.C}, at::kFloat);
+    if (p.n > 0) {
+      p.mask.narrow(0, 0, p.n).narrow(1, 0, p.c0).fill_(1);
+      p.mask.narrow(0, 0, p.n).narrow(1, p.c0, p.n).copy_(at::ones({p.n, p.n}).tril());
+    }
+    p.mask.narrow(0, p.n, p.C).narrow(1, 0, total).fill_(1);
+    p.mask.narrow(0, p.n, p.C).narrow(1, total, p.C).copy_(at::eye(p.C, at::kFloat));
   }
-  mask.narrow(0, n, C).narrow(1, 0, total).fill_(1);
-  mask.narrow(0, n, C).narrow(1, total, C).copy_(at::eye(C, at::kFloat));
+  at::Tensor x = at::cat(inputs);
+
   for (uint32_t l = 0; l < c.layers; ++l) {
     const HstuLayer& L = w_->layers[l];
-    Uvqk p = Project(L, c, x);
-    if (n > 0) {
-      write(l, KvPart::kKey, p.k.narrow(0, 0, n));
-      write(l, KvPart::kValue, p.v.narrow(0, 0, n));
+    Uvqk proj = Project(L, c, x);  // every token of the batch in one product
+    std::vector<at::Tensor> attended;
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const StepPlan& p = plans[i];
+      const KvPagesView& kv = steps[i].kv;
+      const int64_t len = p.n + p.C;
+      at::Tensor q = proj.q.narrow(0, p.first_row, len);
+      at::Tensor k = proj.k.narrow(0, p.first_row, len);
+      at::Tensor v = proj.v.narrow(0, p.first_row, len);
+      // The new tokens' K/V into their slots (padded to kv_dim).
+      auto write = [&](KvPart part, const at::Tensor& src) {
+        const int64_t width = src.size(1);
+        ForEachPageBlock(kv, kvd, l, part, p.c0, p.n, [&](at::Tensor block, int64_t at_row) {
+          block.narrow(1, 0, width).copy_(src.narrow(0, at_row, block.size(0)));
+          if (width < kvd) block.narrow(1, width, kvd - width).zero_();
+        });
+      };
+      auto read = [&](KvPart part, int64_t width) {
+        at::Tensor out = at::empty({p.c0, width}, at::kFloat);
+        ForEachPageBlock(kv, kvd, l, part, 0, p.c0, [&](at::Tensor block, int64_t at_row) {
+          out.narrow(0, at_row, block.size(0)).copy_(block.narrow(1, 0, width));
+        });
+        return out;
+      };
+      if (p.n > 0) {
+        write(KvPart::kKey, k.narrow(0, 0, p.n));
+        write(KvPart::kValue, v.narrow(0, 0, p.n));
+      }
+      at::Tensor keys = at::cat({read(KvPart::kKey, hq), k});
+      at::Tensor values = at::cat({read(KvPart::kValue, hv), v});
+      attended.push_back(Attend(c, q, keys, values, p.mask));
     }
-    at::Tensor keys = at::cat({read(l, KvPart::kKey, hq), p.k});
-    at::Tensor values = at::cat({read(l, KvPart::kValue, hv), p.v});
-    x = Residual(L, c, x, p, Attend(c, p.q, keys, values, mask));
+    x = Residual(L, c, x, proj, at::cat(attended));
   }
-  return CopyScores(Head(w_->head_w1, w_->head_b1, w_->head_w2, w_->head_b2, x.narrow(0, n, C)),
-                    scores);
+
+  at::Tensor cand = x.index_select(0, at::tensor(candidate_rows, at::kLong));
+  at::Tensor all_scores =
+      Head(w_->head_w1, w_->head_b1, w_->head_w2, w_->head_b2, cand).contiguous();
+  int64_t at_row = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    absl::Status st = CopyScores(all_scores.narrow(0, at_row, plans[i].C), steps[i].scores);
+    if (!st.ok()) return st;
+    at_row += plans[i].C;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace hlem::serving

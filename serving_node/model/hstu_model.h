@@ -11,7 +11,8 @@
 // history tokens and the candidates, and writes the new tokens' K/V into their pages. The two
 // give the same scores within float tolerance for any split of the history (tested).
 //
-// Thread-safe for concurrent forwards (the weights are read-only).
+// HstuModel is the ModelRunner the node pipeline uses on the cpu device. Thread-safe for
+// concurrent forwards (the weights are read-only).
 
 #include <cstddef>
 #include <cstdint>
@@ -21,20 +22,12 @@
 
 #include "absl/status/statusor.h"
 #include "serving_node/core/kv_geometry.h"
+#include "serving_node/core/model_runner.h"
 #include "serving_node/model/hstu_config.h"
 
 namespace hlem::serving {
 
-// A user's K/V for one forward: token j lives in the page at pool byte offset
-// page_offsets[j / page_tokens], slot j % page_tokens (the user's block table in token order),
-// laid out as `geometry` says (fp32, kv_dim = HstuConfig::kv_dim(), one page layer-major).
-struct KvPagesView {
-  KvGeometry geometry;
-  std::byte* pool = nullptr;  // host address of the pool (the cpu device's arena)
-  std::span<const uint64_t> page_offsets;
-};
-
-class HstuModel {
+class HstuModel final : public ModelRunner {
  public:
   // Weights drawn from `seed` (deterministic): matrices N(0, 1/fan_in), LayerNorm gains near 1.
   static absl::StatusOr<std::unique_ptr<HstuModel>> CreateRandom(const HstuConfig& config,
@@ -47,7 +40,7 @@ class HstuModel {
                                                          const std::string& path);
   // Writes the weights as a state dict (the format Load and Python's torch.load read).
   absl::Status Save(const std::string& path) const;
-  ~HstuModel();
+  ~HstuModel() override;
   HstuModel(const HstuModel&) = delete;
   HstuModel& operator=(const HstuModel&) = delete;
 
@@ -64,6 +57,19 @@ class HstuModel {
   absl::Status ForwardCached(const KvPagesView& kv, uint64_t cached_len,
                              std::span<const float> new_history_emb,
                              std::span<const float> candidate_emb, std::span<float> scores) const;
+  // ForwardCached for a batch of requests of different lengths in one pass: the per-token work
+  // (LayerNorms, the UVQK and output projections, the head) runs as one matrix product over all
+  // steps' tokens; attention runs per step over its own keys. Every step is checked first; an
+  // error names the step and writes nothing.
+  absl::Status ForwardBatch(std::span<const ModelStep> steps) const;
+
+  // ModelRunner: the node pipeline's view (Run is ForwardBatch).
+  uint32_t dim() const override { return config_.dim; }
+  uint32_t targets() const override { return config_.targets; }
+  uint32_t layers() const override { return config_.layers; }
+  uint32_t kv_dim() const override { return config_.kv_dim(); }
+  uint32_t max_positions() const override { return config_.max_positions; }
+  absl::Status Run(std::span<const ModelStep> steps) override { return ForwardBatch(steps); }
 
   struct Weights;  // torch tensors; defined in hstu_weights.h (model .cc files only)
 

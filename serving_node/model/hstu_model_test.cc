@@ -111,6 +111,64 @@ TEST(HstuModelTest, CachedForwardEqualsFullRecompute) {
   std::cout << "worst relative difference over 120 cases: " << worst << "\n";
 }
 
+// A batch of requests of different lengths in one pass (packed projections, per-request
+// attention) gives every request the scores of its own full recompute.
+TEST(HstuModelTest, BatchedForwardEqualsPerRequestRecompute) {
+  const HstuConfig c = SmallConfig();
+  auto model = *HstuModel::CreateRandom(c, 8);
+  std::mt19937_64 rng(21);
+  for (int trial = 0; trial < 25; ++trial) {
+    const size_t batch = 1 + rng() % 8;
+    struct Request {
+      std::vector<float> hist, cand, ref, got;
+      uint32_t c0 = 0;
+      std::unique_ptr<HostPages> pages;
+    };
+    std::vector<Request> reqs(batch);
+    for (Request& r : reqs) {
+      const uint32_t H = rng() % 120, C = 1 + rng() % 6;
+      r.c0 = H == 0 ? 0 : rng() % (H + 1);
+      r.hist = RandomRows(rng, H, c.dim);
+      r.cand = RandomRows(rng, C, c.dim);
+      r.ref.resize(C * c.targets);
+      r.got.resize(C * c.targets);
+      ASSERT_TRUE(model->ForwardReference(r.hist, r.cand, r.ref).ok());
+      const uint32_t pt = 1 + rng() % 16;
+      r.pages = std::make_unique<HostPages>(c, pt, (H + pt - 1) / pt + 1, rng);
+      // Cache the prefix with a request of its own.
+      std::vector<float> one(c.targets);
+      ASSERT_TRUE(model
+                      ->ForwardCached(r.pages->View(), 0,
+                                      std::span<const float>(r.hist).first(size_t{r.c0} * c.dim),
+                                      std::span<const float>(r.cand).first(c.dim), one)
+                      .ok());
+    }
+    std::vector<ModelStep> steps;
+    for (Request& r : reqs) {
+      steps.push_back(
+          {.kv = r.pages->View(),
+           .cached_len = r.c0,
+           .new_history_emb = std::span<const float>(r.hist).subspan(size_t{r.c0} * c.dim),
+           .candidate_emb = r.cand,
+           .scores = r.got});
+    }
+    ASSERT_TRUE(model->ForwardBatch(steps).ok());
+    for (size_t i = 0; i < batch; ++i) {
+      ASSERT_LE(MaxRelDiff(reqs[i].got, reqs[i].ref), 1e-4) << "trial " << trial << " step " << i;
+    }
+  }
+  // A bad step is named and nothing runs.
+  std::vector<float> cand(c.dim), scores(c.targets), bad_scores(c.targets + 1);
+  std::mt19937_64 r2(1);
+  HostPages pages(c, 4, 4, r2);
+  std::vector<ModelStep> steps = {
+      {.kv = pages.View(), .candidate_emb = cand, .scores = scores},
+      {.kv = pages.View(), .candidate_emb = cand, .scores = bad_scores}};
+  absl::Status st = model->ForwardBatch(steps);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("step 1"), std::string::npos) << st;
+}
+
 // A user served three times as its history grows, with pages from a real KvCache: every answer
 // equals a cold full recompute.
 TEST(HstuModelTest, ReturningUserThroughTheKvCache) {
