@@ -2,7 +2,7 @@
 // for absl::Mutex over std::mutex. Debian's libabsl_synchronization is not built with TSan, so
 // TSan cannot see absl::Mutex's locking and reports every guarded access as a race; over
 // std::mutex (intercepted by TSan) it sees the happens-before edges. Covers what HLEM's core code
-// uses: Lock/Unlock, MutexLock, Await and AwaitWithDeadline with a Condition. Core-only builds
+// uses: Lock/Unlock, MutexLock, Await, AwaitWithDeadline and AwaitWithTimeout with a Condition. Core-only builds
 // do not link gRPC, whose uninstrumented absl::Mutex users would mismatch this definition.
 #pragma once
 #include <chrono>
@@ -50,6 +50,9 @@ class ABSL_LOCKABLE Mutex {
     bool ok = cv_.wait_until(l, absl::ToChronoTime(deadline), [&] { return c.Eval(); });
     l.release();
     return ok;
+  }
+  bool AwaitWithTimeout(const Condition& c, absl::Duration timeout) {
+    return AwaitWithDeadline(c, absl::Now() + timeout);
   }
 
  private:

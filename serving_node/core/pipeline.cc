@@ -1,0 +1,373 @@
+#include "serving_node/core/pipeline.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <utility>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/rng.h"
+#include "common/status_macros.h"
+#include "serving_node/core/table_key.h"
+
+namespace hlem::serving {
+
+uint64_t EventToken(std::span<const uint64_t> feature_ids) {
+  uint64_t h = 0x6576656e74303031ULL;  // "event001"
+  for (uint64_t id : feature_ids) h = Mix64(h ^ Mix64(id + 0x9e3779b97f4a7c15ULL));
+  return h;
+}
+
+absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineOptions& options,
+                                                           KvCache& kv, EmbCache& emb,
+                                                           Device& device, std::byte* pool,
+                                                           RowSource& source, ModelRunner& model,
+                                                           PopularitySketch* sketch, Clock& clock) {
+  if (options.features.empty()) return absl::InvalidArgumentError("pipeline.features: empty");
+  for (size_t f = 0; f < options.features.size(); ++f) {
+    const FeatureSpec& spec = options.features[f];
+    std::optional<uint32_t> rb = emb.RowBytes(spec.table_id);
+    if (!rb.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat("pipeline.features[", f, "]: table ",
+                                                     spec.table_id, " is not in the EMB cache"));
+    }
+    if (*rb != model.dim() * sizeof(float)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pipeline.features[", f, "]: rows of table ", spec.table_id, " are ", *rb,
+          " bytes; the model needs ", model.dim(), " fp32 (", model.dim() * sizeof(float), ")"));
+    }
+    if (spec.rows == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("pipeline.features[", f, "].rows: 0"));
+    }
+  }
+  if (options.max_candidates == 0) {
+    return absl::InvalidArgumentError("pipeline.max_candidates: must be > 0");
+  }
+  if (options.max_history == 0 || options.max_history >= model.max_positions()) {
+    return absl::InvalidArgumentError(absl::StrCat("pipeline.max_history: ", options.max_history,
+                                                   " must be in 1 .. ", model.max_positions() - 1,
+                                                   " (the model's positions)"));
+  }
+  if (!(options.trim_fraction > 0 && options.trim_fraction <= 1)) {
+    return absl::InvalidArgumentError("pipeline.trim_fraction: must be in (0, 1]");
+  }
+  const KvGeometry& g = kv.layout();
+  if (g.layers != model.layers() || g.kv_dim != model.kv_dim() || g.dtype_bytes != 4) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv_cache: layout (layers ", g.layers, ", kv_dim ", g.kv_dim, ", dtype_bytes ",
+        g.dtype_bytes, ") is not the model's (", model.layers(), ", ", model.kv_dim(), ", 4)"));
+  }
+  if (pool == nullptr) return absl::InvalidArgumentError("pipeline: no pool address");
+  return std::unique_ptr<Pipeline>(
+      new Pipeline(options, kv, emb, device, pool, source, model, sketch, clock));
+}
+
+Pipeline::Pipeline(const PipelineOptions& options, KvCache& kv, EmbCache& emb, Device& device,
+                   std::byte* pool, RowSource& source, ModelRunner& model, PopularitySketch* sketch,
+                   Clock& clock)
+    : options_(options),
+      kv_(kv),
+      emb_(emb),
+      device_(device),
+      pool_(pool),
+      source_(source),
+      model_(model),
+      sketch_(sketch),
+      clock_(clock),
+      dim_(model.dim()),
+      row_bytes_(model.dim() * sizeof(float)) {}
+
+absl::Status Pipeline::Validate(const InferInput& in) const {
+  const size_t F = options_.features.size();
+  if (in.candidates.empty()) return absl::InvalidArgumentError("candidates: none");
+  if (in.candidates.size() % F != 0 || in.history.size() % F != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("feature ids: every event and candidate needs exactly ", F, " ids"));
+  }
+  if (in.candidates.size() / F > options_.max_candidates) {
+    return absl::InvalidArgumentError(absl::StrCat("candidates: ", in.candidates.size() / F,
+                                                   " exceeds the limit ", options_.max_candidates));
+  }
+  for (const std::vector<uint64_t>* ids : {&in.history, &in.candidates}) {
+    for (size_t i = 0; i < ids->size(); ++i) {
+      const FeatureSpec& spec = options_.features[i % F];
+      if ((*ids)[i] >= spec.rows) {
+        return absl::OutOfRangeError(absl::StrCat(
+            ids == &in.history ? "history event " : "candidate ", i / F, " feature ", i % F,
+            ": id ", (*ids)[i], " >= table ", spec.table_id, "'s ", spec.rows, " rows"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Waits for a set of device copies; records the first failure. Shared with the callbacks, which
+// also keep their source bytes alive: after a timeout the request returns, and a late copy must
+// still find both.
+class CopyWaiter : public std::enable_shared_from_this<CopyWaiter> {
+ public:
+  std::function<void(absl::Status)> Add(std::shared_ptr<const std::vector<std::byte>> source) {
+    absl::MutexLock lock(&mu_);
+    ++left_;
+    return [self = shared_from_this(), source = std::move(source)](absl::Status st) {
+      absl::MutexLock lock(&self->mu_);
+      if (!st.ok() && self->error_.ok()) self->error_ = st;
+      --self->left_;
+    };
+  }
+  // False when the copies did not all complete within `timeout` (real time).
+  bool Wait(absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto done = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return left_ == 0; };
+    return mu_.AwaitWithTimeout(absl::Condition(&done), timeout);
+  }
+  absl::Status error() {
+    absl::MutexLock lock(&mu_);
+    return error_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  int64_t left_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+absl::Status Pipeline::Embed(std::span<const uint64_t> ids, absl::Time deadline, InferOutput* info,
+                             std::vector<float>* history_out, size_t history_tokens,
+                             std::vector<float>* candidate_out) {
+  const size_t F = options_.features.size(), tokens = ids.size() / F;
+  // Distinct rows, grouped by table.
+  absl::flat_hash_map<TableKey, uint32_t> index;
+  std::vector<TableKey> distinct;
+  std::vector<uint32_t> token_row(ids.size());
+  absl::flat_hash_map<uint32_t, std::vector<uint32_t>> by_table;  // table -> distinct indices
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const TableKey key{options_.features[i % F].table_id, ids[i]};
+    auto [it, fresh] = index.emplace(key, static_cast<uint32_t>(distinct.size()));
+    if (fresh) {
+      distinct.push_back(key);
+      by_table[key.table_id].push_back(it->second);
+    }
+    token_row[i] = it->second;
+  }
+  std::vector<uint64_t> pool_offset(distinct.size(), kEmbMiss);
+  std::vector<const std::byte*> host_row(distinct.size(), nullptr);
+  std::vector<std::shared_ptr<std::vector<std::byte>>> fetched;  // alive until the sums are done
+  struct Admitted {
+    uint32_t table;
+    std::vector<uint64_t> rows;
+  };
+  std::vector<Admitted> admitted;
+  auto copies = std::make_shared<CopyWaiter>();
+  EmbLookupResult lookup;
+  EmbReservation reservation;
+  for (auto& [table, members] : by_table) {
+    std::vector<uint64_t> rows(members.size());
+    for (size_t k = 0; k < members.size(); ++k) rows[k] = distinct[members[k]].id;
+    RETURN_IF_ERROR(emb_.Lookup(table, rows, &lookup));
+    if (sketch_ != nullptr) sketch_->RecordBatch(table, rows);
+    info->emb_hits += lookup.hits;
+    for (size_t k = 0; k < rows.size(); ++k) {
+      if (lookup.offsets[k] != kEmbMiss) pool_offset[members[k]] = lookup.offsets[k];
+    }
+    // Misses, and rows another request is copying in (fetched too rather than waited for).
+    std::vector<uint32_t> need;
+    std::merge(lookup.miss_positions.begin(), lookup.miss_positions.end(),
+               lookup.pending_positions.begin(), lookup.pending_positions.end(),
+               std::back_inserter(need));
+    if (need.empty()) continue;
+    if (clock_.Now() >= deadline) {
+      return absl::DeadlineExceededError("deadline passed before the embedding fetch");
+    }
+    std::vector<uint64_t> fetch_rows(need.size());
+    for (size_t k = 0; k < need.size(); ++k) fetch_rows[k] = rows[need[k]];
+    fetched.push_back(std::make_shared<std::vector<std::byte>>(need.size() * row_bytes_));
+    std::vector<std::byte>& buffer = *fetched.back();
+    if (absl::Status st = source_.Fetch(table, fetch_rows, buffer, deadline); !st.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("fetching ", need.size(), " rows of table ", table, ": ", st.message()));
+    }
+    info->emb_misses += need.size();
+    for (size_t k = 0; k < need.size(); ++k) {
+      host_row[members[need[k]]] = buffer.data() + k * row_bytes_;
+    }
+    // Admit the misses: reserve slots, copy them over the link as critical transfers.
+    std::vector<uint64_t> miss_rows;
+    std::vector<size_t> miss_at;  // index into `need` of each miss row
+    for (size_t k = 0, m = 0; k < need.size(); ++k) {
+      while (m < lookup.miss_positions.size() && lookup.miss_positions[m] < need[k]) ++m;
+      if (m < lookup.miss_positions.size() && lookup.miss_positions[m] == need[k]) {
+        miss_rows.push_back(fetch_rows[k]);
+        miss_at.push_back(k);
+      }
+    }
+    if (miss_rows.empty()) continue;
+    // RESOURCE_EXHAUSTED part-way leaves the rows before it reserved; the rest are served from
+    // the fetched bytes without being cached.
+    (void)emb_.ReserveBatch(table, miss_rows, &reservation);
+    Admitted adm{table, {}};
+    for (uint32_t r : reservation.reserved_positions) {
+      const size_t k = miss_at[r];
+      adm.rows.push_back(miss_rows[r]);
+      device_.CopyToPool(CopyClass::kCritical, CopyPurpose::kEmbMiss,
+                         buffer.data() + k * row_bytes_, reservation.offsets[r], row_bytes_,
+                         copies->Add(fetched.back()));
+    }
+    if (!adm.rows.empty()) admitted.push_back(std::move(adm));
+  }
+  // The request's rows must be on the device before the gather.
+  if (!copies->Wait(options_.copy_timeout)) {
+    // The copies may still land; their reservations stay pending rather than risk a slot being
+    // reused under a late copy.
+    return absl::InternalError("embedding copies did not complete within copy_timeout");
+  }
+  const absl::Status copy_error = copies->error();
+  for (const Admitted& adm : admitted) {
+    absl::Status st =
+        copy_error.ok() ? emb_.Commit(adm.table, adm.rows) : emb_.Abort(adm.table, adm.rows);
+    if (!st.ok()) return absl::InternalError(absl::StrCat("admitting rows: ", st.message()));
+  }
+  // Gather the rows that are in the pool (hits) into one batch.
+  std::vector<uint64_t> gather_offsets;
+  std::vector<uint32_t> gather_of;  // distinct index of each gathered row
+  for (size_t d = 0; d < distinct.size(); ++d) {
+    if (host_row[d] == nullptr && pool_offset[d] != kEmbMiss) {
+      gather_offsets.push_back(pool_offset[d]);
+      gather_of.push_back(static_cast<uint32_t>(d));
+    }
+  }
+  std::vector<std::byte> gathered(gather_offsets.size() * row_bytes_);
+  if (!gather_offsets.empty()) {
+    ASSIGN_OR_RETURN(std::unique_ptr<DeviceBuffer> buf, device_.AllocBuffer(gathered.size()));
+    RETURN_IF_ERROR(device_.GatherRows(gather_offsets, row_bytes_, *buf));
+    RETURN_IF_ERROR(device_.Synchronize());
+    RETURN_IF_ERROR(device_.ReadBuffer(*buf, 0, gathered.data(), gathered.size()));
+    for (size_t g = 0; g < gather_of.size(); ++g) {
+      host_row[gather_of[g]] = gathered.data() + g * row_bytes_;
+    }
+  }
+  // e[t] = Σ_f row(f, t).
+  history_out->assign(history_tokens * dim_, 0.0f);
+  candidate_out->assign((tokens - history_tokens) * dim_, 0.0f);
+  for (size_t t = 0; t < tokens; ++t) {
+    float* out = t < history_tokens ? history_out->data() + t * dim_
+                                    : candidate_out->data() + (t - history_tokens) * dim_;
+    for (size_t f = 0; f < F; ++f) {
+      const std::byte* row = host_row[token_row[t * F + f]];
+      if (row == nullptr)
+        return absl::InternalError("an embedding row was neither hit nor fetched");
+      const float* v = reinterpret_cast<const float*>(row);
+      for (uint32_t d = 0; d < dim_; ++d) out[d] += v[d];
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<InferOutput> Pipeline::Infer(const InferInput& in) {
+  RETURN_IF_ERROR(Validate(in));
+  const absl::Time start = clock_.Now();
+  if (start >= in.deadline) return absl::DeadlineExceededError("deadline passed on arrival");
+  const size_t F = options_.features.size();
+  const size_t H = in.history.size() / F, C_n = in.candidates.size() / F;
+
+  // The window: the start moves in steps, so the cached prefix survives most requests.
+  size_t first = 0;
+  if (H > options_.max_history) {
+    const size_t step =
+        std::max<size_t>(1, static_cast<size_t>(options_.trim_fraction * options_.max_history));
+    first = (H - options_.max_history + step - 1) / step * step;
+  }
+  const size_t Hw = H - first;
+  std::vector<uint64_t> tokens(Hw);
+  for (size_t j = 0; j < Hw; ++j) {
+    tokens[j] = EventToken(std::span<const uint64_t>(in.history).subspan((first + j) * F, F));
+  }
+
+  InferOutput out;
+  out.targets = model_.targets();
+  out.history_tokens = static_cast<uint32_t>(Hw);
+  out.trimmed_events = static_cast<uint32_t>(first);
+  kv_.Pin(in.user);
+  absl::Cleanup unpin = [&] { (void)kv_.Unpin(in.user); };
+
+  // Prefix and slots for the new tokens; a concurrent append of the same user makes us retry.
+  KvLookupResult prefix;
+  std::optional<KvAppendResult> append;
+  for (int attempt = 0;; ++attempt) {
+    prefix = kv_.Lookup(in.user, tokens);
+    if (attempt == 0) out.stale_kv_hit = in.expected_kv_resident && prefix.prefix.len == 0;
+    if (prefix.prefix.len == Hw) break;  // everything cached: nothing to append
+    absl::StatusOr<KvAppendResult> a = kv_.Append(
+        in.user, prefix.prefix, std::span<const uint64_t>(tokens).subspan(prefix.prefix.len));
+    if (a.ok()) {
+      append = std::move(*a);
+      break;
+    }
+    if (a.status().code() != absl::StatusCode::kFailedPrecondition) return a.status();
+    if (attempt + 1 >= options_.append_attempts) {
+      return absl::AbortedError(absl::StrCat("user ", in.user, ": ", options_.append_attempts,
+                                             " conflicting appends; retry"));
+    }
+    absl::SleepFor(absl::Milliseconds(1));  // the other request's append is committing
+  }
+  const size_t cached = prefix.prefix.len, n = Hw - cached;
+  absl::Cleanup abort_append = [&] {
+    if (append.has_value()) (void)kv_.AbortAppend(in.user, append->prefix);
+  };
+
+  // Embeddings of the new history tokens and the candidates.
+  const absl::Time emb_start = clock_.Now();
+  std::vector<uint64_t> ids;
+  ids.reserve((n + C_n) * F);
+  ids.insert(ids.end(), in.history.begin() + (first + cached) * F, in.history.end());
+  ids.insert(ids.end(), in.candidates.begin(), in.candidates.end());
+  std::vector<float> history_emb, candidate_emb;
+  RETURN_IF_ERROR(Embed(ids, in.deadline, &out, &history_emb, n, &candidate_emb));
+  out.emb_seconds = clock_.Now() - emb_start;
+  if (clock_.Now() >= in.deadline) {
+    return absl::DeadlineExceededError("deadline passed before compute");
+  }
+
+  // The block table: the prefix's pages, then the pages the append reserved.
+  std::vector<uint64_t> page_offsets;
+  for (PageId p : prefix.pages) page_offsets.push_back(kv_.layout().page_bytes * p);
+  if (append.has_value()) {
+    for (const KvSlotRun& run : append->runs) {
+      const uint64_t off = kv_.layout().page_bytes * run.page;
+      if (page_offsets.empty() || page_offsets.back() != off) page_offsets.push_back(off);
+    }
+  }
+  out.scores.resize(C_n * out.targets);
+  const ModelStep step{.kv = {kv_.layout(), pool_, page_offsets},
+                       .cached_len = cached,
+                       .new_history_emb = history_emb,
+                       .candidate_emb = candidate_emb,
+                       .scores = out.scores};
+  const absl::Time compute_start = clock_.Now();
+  if (absl::Status st = model_.Run(std::span<const ModelStep>(&step, 1)); !st.ok()) {
+    return absl::InternalError(absl::StrCat("model: ", st.message()));
+  }
+  out.compute_seconds = clock_.Now() - compute_start;
+  if (append.has_value()) {
+    // ABORTED: the user's KV was dropped meanwhile (pinned pages stayed intact, so the scores
+    // stand); nothing is cached.
+    (void)kv_.CommitAppend(in.user, append->prefix);
+    std::move(abort_append).Cancel();
+  }
+  out.cached_prefix_tokens = static_cast<uint32_t>(cached);
+  out.computed_tokens = static_cast<uint32_t>(n + C_n);
+  return out;
+}
+
+}  // namespace hlem::serving

@@ -1,0 +1,126 @@
+#pragma once
+// One Infer on a serving node (ARCHITECTURE §2), without RPC: the code between the gRPC handler
+// and the memory system and model.
+//
+//   1. Check the request (candidates, feature ids, deadline) and cut the history window: beyond
+//      max_history events the oldest are left out, the window start moving in steps of
+//      trim_fraction · max_history, so a growing history costs one recompute per step rather
+//      than one per request.
+//   2. Pin the user; KvCache::Lookup gives the reusable prefix C (a changed history evicts the
+//      stale K/V: it is never served); Append reserves the slots of the new tokens
+//      (compare-and-set: a concurrent request of the same user makes this one retry).
+//   3. Embeddings of the new history tokens and the candidates only: per feature table the
+//      distinct ids are looked up in the EMB cache; misses (and rows another request is still
+//      copying) are fetched from the RowSource (the shard client) in one call per table; misses
+//      are admitted (ReserveBatch, critical copies over the link, Commit) and the request waits
+//      for its copies; GatherRows collects the rows; a token's input is the sum of its features'
+//      rows.
+//   4. ModelRunner::Run computes the new tokens and the candidates and writes the new K/V into
+//      the reserved slots; CommitAppend makes them the user's prefix; Unpin.
+//
+// Every path answers exactly once; on any failure after Append the append is aborted and the pin
+// released. Thread-safe: concurrent Infer calls share the caches (which are thread-safe) and the
+// model runner (which must be).
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "serving_node/core/device.h"
+#include "serving_node/core/emb_cache.h"
+#include "serving_node/core/kv_cache.h"
+#include "serving_node/core/model_runner.h"
+#include "serving_node/core/popularity.h"
+#include "serving_node/core/row_source.h"
+
+namespace hlem::serving {
+
+// One feature of a token: the table its ids index and how many rows that table has.
+struct FeatureSpec {
+  uint32_t table_id = 0;
+  uint64_t rows = 0;
+};
+
+struct PipelineOptions {
+  std::vector<FeatureSpec> features;  // F features per token, in this order
+  uint32_t max_candidates = 512;
+  uint32_t max_history = 4096;  // events in the window (< the model's max_positions)
+  double trim_fraction = 0.1;   // the window start moves in steps of this share of max_history
+  absl::Duration copy_timeout = absl::Seconds(10);  // waiting for the device (a stuck link)
+  int append_attempts = 3;  // Append conflicts with a concurrent request of the same user
+};
+
+struct InferInput {
+  uint64_t user = 0;
+  // Feature ids, event-major: event j's feature f is history[j · F + f]; oldest event first.
+  std::vector<uint64_t> history;
+  std::vector<uint64_t> candidates;  // candidate c's feature f at candidates[c · F + f]
+  bool expected_kv_resident = false;
+  absl::Time deadline = absl::InfiniteFuture();  // on the pipeline's clock
+};
+
+struct InferOutput {
+  std::vector<float> scores;  // candidate-major: scores[c · targets + t]
+  uint32_t targets = 0;
+  uint32_t cached_prefix_tokens = 0;  // history tokens whose K/V were reused
+  uint32_t computed_tokens = 0;       // new history tokens + candidates
+  uint32_t history_tokens = 0;        // in the window
+  uint32_t trimmed_events = 0;        // left out by the window
+  uint64_t emb_hits = 0;              // distinct rows served by the EMB cache
+  uint64_t emb_misses = 0;            // distinct rows fetched
+  bool stale_kv_hit = false;          // expected resident, no usable prefix
+  absl::Duration emb_seconds;         // lookups, fetches, copies, gather
+  absl::Duration compute_seconds;     // the model
+};
+
+class Pipeline {
+ public:
+  // INVALID_ARGUMENT (naming the field) when there is no feature, a feature's table is unknown
+  // to the EMB cache or its rows are not model-dim fp32, max_history does not fit the model's
+  // positions, trim_fraction is outside (0, 1], or the KV cache's layout is not the model's.
+  // `pool` is the pool as the model runner addresses it (CpuDevice::pool_data()); `sketch` may be
+  // null. Everything is borrowed and must outlive the pipeline.
+  static absl::StatusOr<std::unique_ptr<Pipeline>> Create(const PipelineOptions& options,
+                                                          KvCache& kv, EmbCache& emb,
+                                                          Device& device, std::byte* pool,
+                                                          RowSource& source, ModelRunner& model,
+                                                          PopularitySketch* sketch, Clock& clock);
+
+  // INVALID_ARGUMENT (no or too many candidates, ragged feature ids), OUT_OF_RANGE (an id past
+  // its table), DEADLINE_EXCEEDED (before any compute), RESOURCE_EXHAUSTED (no KV room: every
+  // other user pinned), UNAVAILABLE (a fetch failed), ABORTED (the user's appends kept
+  // conflicting), INTERNAL (the device or the model failed).
+  absl::StatusOr<InferOutput> Infer(const InferInput& in);
+
+  const PipelineOptions& options() const { return options_; }
+
+ private:
+  Pipeline(const PipelineOptions& options, KvCache& kv, EmbCache& emb, Device& device,
+           std::byte* pool, RowSource& source, ModelRunner& model, PopularitySketch* sketch,
+           Clock& clock);
+  absl::Status Validate(const InferInput& in) const;
+  // Sums the features' rows of tokens [first, last) of `ids` (F per token) into out (dim each).
+  absl::Status Embed(std::span<const uint64_t> ids, absl::Time deadline, InferOutput* info,
+                     std::vector<float>* history_out, size_t history_tokens,
+                     std::vector<float>* candidate_out);
+
+  const PipelineOptions options_;
+  KvCache& kv_;
+  EmbCache& emb_;
+  Device& device_;
+  std::byte* const pool_;
+  RowSource& source_;
+  ModelRunner& model_;
+  PopularitySketch* const sketch_;
+  Clock& clock_;
+  const uint32_t dim_;
+  const uint32_t row_bytes_;
+};
+
+// The KV identity of one event: a hash of its feature ids (what the rolling prefix hash chains).
+uint64_t EventToken(std::span<const uint64_t> feature_ids);
+
+}  // namespace hlem::serving

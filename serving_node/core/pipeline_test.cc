@@ -1,0 +1,284 @@
+#include "serving_node/core/pipeline.h"
+
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "common/clock.h"
+#include "common/rng.h"
+#include "gtest/gtest.h"
+#include "serving_node/core/emb_cache.h"
+#include "serving_node/core/hbm_pool.h"
+#include "serving_node/core/kv_cache.h"
+#include "serving_node/device/cpu_device.h"
+
+namespace hlem::serving {
+namespace {
+
+constexpr uint32_t kDim = 8;
+constexpr uint64_t kPageBytes = 4 << 10;  // 1 layer · 2 · 8 floats = 64 B a token: 64 tokens
+
+float RowValue(uint32_t table, uint64_t row, uint32_t d) {
+  return static_cast<float>(static_cast<double>(KeyedHash(table, row, d) % 2001) / 1000.0 - 1.0);
+}
+
+class FakeRowSource final : public RowSource {
+ public:
+  absl::Status Fetch(uint32_t table_id, std::span<const uint64_t> rows, std::span<std::byte> out,
+                     absl::Time) override {
+    ++fetches;
+    fetched_rows += rows.size();
+    if (fail) return absl::UnavailableError("shard down");
+    float* f = reinterpret_cast<float*>(out.data());
+    for (size_t r = 0; r < rows.size(); ++r) {
+      for (uint32_t d = 0; d < kDim; ++d) f[r * kDim + d] = RowValue(table_id, rows[r], d);
+    }
+    return absl::OkStatus();
+  }
+  std::atomic<int> fetches{0};
+  std::atomic<uint64_t> fetched_rows{0};
+  std::atomic<bool> fail{false};
+};
+
+// A model whose scores depend on every history token's cached K and on the candidates, so the
+// test can recompute them from the tables: K of a token = its input embedding, V = -K;
+// score(c) = Σ_history Σ_d K[t][d] · cand[d] + Σ_d cand[d].
+class FakeRunner final : public ModelRunner {
+ public:
+  uint32_t dim() const override { return kDim; }
+  uint32_t targets() const override { return 1; }
+  uint32_t layers() const override { return 1; }
+  uint32_t kv_dim() const override { return kDim; }
+  uint32_t max_positions() const override { return 1024; }
+  absl::Status Run(std::span<const ModelStep> steps) override {
+    for (const ModelStep& s : steps) {
+      const KvGeometry& g = s.kv.geometry;
+      auto at = [&](uint64_t t, KvPart part) {
+        return reinterpret_cast<float*>(s.kv.pool + s.kv.page_offsets[t / g.page_tokens] +
+                                        g.OffsetInPage(0, part, t % g.page_tokens));
+      };
+      const uint64_t n = s.new_history_emb.size() / kDim;
+      for (uint64_t i = 0; i < n; ++i) {
+        for (uint32_t d = 0; d < kDim; ++d) {
+          at(s.cached_len + i, KvPart::kKey)[d] = s.new_history_emb[i * kDim + d];
+          at(s.cached_len + i, KvPart::kValue)[d] = -s.new_history_emb[i * kDim + d];
+        }
+      }
+      const uint64_t C = s.candidate_emb.size() / kDim;
+      for (uint64_t c = 0; c < C; ++c) {
+        double score = 0;
+        for (uint32_t d = 0; d < kDim; ++d) score += s.candidate_emb[c * kDim + d];
+        for (uint64_t t = 0; t < s.cached_len + n; ++t) {
+          for (uint32_t d = 0; d < kDim; ++d) {
+            score += double{at(t, KvPart::kKey)[d]} * s.candidate_emb[c * kDim + d];
+          }
+        }
+        s.scores[c] = static_cast<float>(score);
+      }
+      ++runs;
+    }
+    return absl::OkStatus();
+  }
+  int runs = 0;
+};
+
+// Two features per token: item (table 0, 1000 rows) and category (table 1, 50 rows).
+const std::vector<FeatureSpec> kFeatures = {{.table_id = 0, .rows = 1000},
+                                            {.table_id = 1, .rows = 50}};
+
+std::vector<float> Embedding(std::span<const uint64_t> ids, size_t token) {
+  std::vector<float> e(kDim, 0.0f);
+  for (size_t f = 0; f < kFeatures.size(); ++f) {
+    for (uint32_t d = 0; d < kDim; ++d)
+      e[d] += RowValue(kFeatures[f].table_id, ids[token * 2 + f], d);
+  }
+  return e;
+}
+
+// What FakeRunner must answer for a history window and candidates, from the tables directly.
+std::vector<float> Expected(std::span<const uint64_t> window, std::span<const uint64_t> cand) {
+  std::vector<float> out;
+  for (size_t c = 0; c < cand.size() / 2; ++c) {
+    const std::vector<float> ce = Embedding(cand, c);
+    double score = 0;
+    for (float v : ce) score += v;
+    for (size_t t = 0; t < window.size() / 2; ++t) {
+      const std::vector<float> te = Embedding(window, t);
+      for (uint32_t d = 0; d < kDim; ++d) score += double{te[d]} * ce[d];
+    }
+    out.push_back(static_cast<float>(score));
+  }
+  return out;
+}
+
+void ExpectNear(const std::vector<float>& got, const std::vector<float>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-3) << i;
+}
+
+class PipelineTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Build({}); }
+  void Build(PipelineOptions options) {
+    pipeline_.reset();
+    emb_.reset();
+    kv_.reset();
+    device_.reset();
+    pool_ = *HbmPool::Create({.pool_bytes = 64 * kPageBytes, .page_bytes = kPageBytes});
+    device_ =
+        *CpuDevice::Create({.pool_bytes = 64 * kPageBytes,
+                            .link = {.bytes_per_second = 1e10, .latency = absl::Microseconds(1)}},
+                           clock_);
+    kv_ = *KvCache::Create({.layers = 1, .kv_dim = kDim, .dtype_bytes = 4, .budget_pages = 32},
+                           *pool_, nullptr, clock_);
+    emb_ = *EmbCache::Create({.tables = {{0, kDim * 4}, {1, kDim * 4}}, .budget_pages = 16}, *pool_,
+                             clock_);
+    options.features = kFeatures;
+    if (options.max_history == 4096) options.max_history = 1000;
+    auto p = Pipeline::Create(options, *kv_, *emb_, *device_, device_->pool_data(), source_,
+                              runner_, nullptr, clock_);
+    ASSERT_TRUE(p.ok()) << p.status();
+    pipeline_ = std::move(*p);
+  }
+  static std::vector<uint64_t> Events(Rng& rng, size_t n) {
+    std::vector<uint64_t> ids;
+    for (size_t i = 0; i < n; ++i) {
+      ids.push_back(rng() % 1000);
+      ids.push_back(rng() % 50);
+    }
+    return ids;
+  }
+  InferInput Input(uint64_t user, std::vector<uint64_t> history, std::vector<uint64_t> cand) {
+    return {.user = user, .history = std::move(history), .candidates = std::move(cand)};
+  }
+
+  RealClock clock_;
+  std::unique_ptr<HbmPool> pool_;
+  std::unique_ptr<CpuDevice> device_;
+  std::unique_ptr<KvCache> kv_;
+  std::unique_ptr<EmbCache> emb_;
+  FakeRowSource source_;
+  FakeRunner runner_;
+  std::unique_ptr<Pipeline> pipeline_;
+};
+
+TEST_F(PipelineTest, ReturningUserComputesOnlyTheNewTokens) {
+  Rng rng(1);
+  std::vector<uint64_t> history = Events(rng, 100);
+  const std::vector<uint64_t> cand = Events(rng, 4);
+  auto first = pipeline_->Infer(Input(7, history, cand));
+  ASSERT_TRUE(first.ok()) << first.status();
+  ExpectNear(first->scores, Expected(history, cand));
+  EXPECT_EQ(first->cached_prefix_tokens, 0u);
+  EXPECT_EQ(first->computed_tokens, 104u);
+  EXPECT_GT(first->emb_misses, 0u);
+  // The user returns with 10 more events: only they and the candidates are computed, and the
+  // answer is what a cold node gives for the whole history.
+  const std::vector<uint64_t> more = Events(rng, 10);
+  history.insert(history.end(), more.begin(), more.end());
+  const uint64_t fetched_before = source_.fetched_rows;
+  auto second = pipeline_->Infer(Input(7, history, cand));
+  ASSERT_TRUE(second.ok()) << second.status();
+  ExpectNear(second->scores, Expected(history, cand));
+  EXPECT_EQ(second->cached_prefix_tokens, 100u);
+  EXPECT_EQ(second->computed_tokens, 14u);
+  EXPECT_EQ(second->history_tokens, 110u);
+  EXPECT_GT(second->emb_hits, 0u);  // the candidates' rows stayed in the EMB cache
+  EXPECT_LE(source_.fetched_rows - fetched_before, 20u);  // at most the new events' rows
+  EXPECT_TRUE(kv_->CheckInvariants().ok()) << kv_->CheckInvariants();
+  EXPECT_TRUE(emb_->CheckInvariants().ok()) << emb_->CheckInvariants();
+}
+
+TEST_F(PipelineTest, AChangedHistoryIsRecomputedNotServedStale) {
+  Rng rng(2);
+  std::vector<uint64_t> history = Events(rng, 60);
+  const std::vector<uint64_t> cand = Events(rng, 3);
+  ASSERT_TRUE(pipeline_->Infer(Input(9, history, cand)).ok());
+  history[20] = (history[20] + 1) % 1000;  // an edited event inside the cached prefix
+  auto again = pipeline_->Infer(
+      {.user = 9, .history = history, .candidates = cand, .expected_kv_resident = true});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->cached_prefix_tokens, 0u);
+  EXPECT_TRUE(again->stale_kv_hit);
+  ExpectNear(again->scores, Expected(history, cand));
+}
+
+TEST_F(PipelineTest, LongHistoriesAreTrimmedInSteps) {
+  PipelineOptions o;
+  o.max_history = 20;
+  o.trim_fraction = 0.1;  // the window start moves 2 events at a time
+  Build(o);
+  Rng rng(3);
+  std::vector<uint64_t> history = Events(rng, 25);
+  const std::vector<uint64_t> cand = Events(rng, 2);
+  auto r = pipeline_->Infer(Input(4, history, cand));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->trimmed_events, 6u);  // ceil(5 / 2) · 2
+  EXPECT_EQ(r->history_tokens, 19u);
+  ExpectNear(r->scores, Expected(std::span<const uint64_t>(history).subspan(12), cand));
+  // One more event: the window start stays, the prefix is reused.
+  const std::vector<uint64_t> one = Events(rng, 1);
+  history.insert(history.end(), one.begin(), one.end());
+  r = pipeline_->Infer(Input(4, history, cand));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->trimmed_events, 6u);
+  EXPECT_EQ(r->cached_prefix_tokens, 19u);
+  ExpectNear(r->scores, Expected(std::span<const uint64_t>(history).subspan(12), cand));
+}
+
+TEST_F(PipelineTest, BadInputsGetClearErrors) {
+  Rng rng(4);
+  const std::vector<uint64_t> history = Events(rng, 5), cand = Events(rng, 2);
+  auto code = [&](InferInput in) { return pipeline_->Infer(in).status().code(); };
+  EXPECT_EQ(code(Input(1, history, {})), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(Input(1, {1, 2, 3}, cand)), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(Input(1, {1000, 0}, cand)), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(code(Input(1, history, {0, 50})), absl::StatusCode::kOutOfRange);
+  InferInput late = Input(1, history, cand);
+  late.deadline = clock_.Now() - absl::Seconds(1);
+  EXPECT_EQ(code(late), absl::StatusCode::kDeadlineExceeded);
+  absl::StatusOr<InferOutput> r = pipeline_->Infer(Input(1, {1000, 0}, cand));
+  EXPECT_NE(r.status().message().find("history event 0 feature 0"), std::string::npos)
+      << r.status();
+  EXPECT_EQ(runner_.runs, 0);  // nothing was computed for them
+}
+
+TEST_F(PipelineTest, AFailedFetchLeavesTheUsersKvAsItWas) {
+  Rng rng(5);
+  std::vector<uint64_t> history = Events(rng, 30);
+  const std::vector<uint64_t> cand = Events(rng, 2);
+  ASSERT_TRUE(pipeline_->Infer(Input(3, history, cand)).ok());
+  const std::vector<uint64_t> more = Events(rng, 5);
+  history.insert(history.end(), more.begin(), more.end());
+  source_.fail = true;
+  auto failed = pipeline_->Infer(Input(3, history, Events(rng, 2)));
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kUnavailable) << failed.status();
+  source_.fail = false;
+  auto r = pipeline_->Infer(Input(3, history, cand));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->cached_prefix_tokens, 30u);  // the failed request appended nothing
+  ExpectNear(r->scores, Expected(history, cand));
+  EXPECT_TRUE(kv_->CheckInvariants().ok()) << kv_->CheckInvariants();
+  EXPECT_EQ(emb_->GetStats().pending_entries, 0u);
+}
+
+TEST_F(PipelineTest, RejectsAMismatchedSetup) {
+  PipelineOptions o;
+  o.features = {{.table_id = 5, .rows = 10}};
+  EXPECT_EQ(Pipeline::Create(o, *kv_, *emb_, *device_, device_->pool_data(), source_, runner_,
+                             nullptr, clock_)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  o.features = kFeatures;
+  o.max_history = 5000;
+  EXPECT_EQ(Pipeline::Create(o, *kv_, *emb_, *device_, device_->pool_data(), source_, runner_,
+                             nullptr, clock_)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace hlem::serving

@@ -1,0 +1,108 @@
+// The node pipeline with the real HSTU model on the cpu device: a returning user's requests
+// compute only the new tokens and score exactly as a cold node does.
+
+#include <memory>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/rng.h"
+#include "gtest/gtest.h"
+#include "serving_node/core/emb_cache.h"
+#include "serving_node/core/hbm_pool.h"
+#include "serving_node/core/kv_cache.h"
+#include "serving_node/core/pipeline.h"
+#include "serving_node/device/cpu_device.h"
+#include "serving_node/model/hstu_model.h"
+
+namespace hlem::serving {
+namespace {
+
+constexpr uint32_t kDim = 32;
+
+// Rows of table t: deterministic small floats.
+class TableSource final : public RowSource {
+ public:
+  absl::Status Fetch(uint32_t table, std::span<const uint64_t> rows, std::span<std::byte> out,
+                     absl::Time) override {
+    float* f = reinterpret_cast<float*>(out.data());
+    for (size_t r = 0; r < rows.size(); ++r) {
+      for (uint32_t d = 0; d < kDim; ++d) {
+        f[r * kDim + d] = static_cast<float>(KeyedHash(table, rows[r], d) % 1001) / 5000.0f - 0.1f;
+      }
+    }
+    return absl::OkStatus();
+  }
+};
+
+// One node: pool, cpu device, caches and a pipeline over a shared model.
+struct Node {
+  explicit Node(HstuModel& model) {
+    constexpr uint64_t kPageBytes = 32 << 10;
+    pool = *HbmPool::Create({.pool_bytes = 128 * kPageBytes, .page_bytes = kPageBytes});
+    device =
+        *CpuDevice::Create({.pool_bytes = 128 * kPageBytes,
+                            .link = {.bytes_per_second = 1e10, .latency = absl::Microseconds(1)}},
+                           clock);
+    kv = *KvCache::Create(
+        {.layers = model.layers(), .kv_dim = model.kv_dim(), .dtype_bytes = 4, .budget_pages = 64},
+        *pool, nullptr, clock);
+    emb = *EmbCache::Create({.tables = {{0, kDim * 4}, {1, kDim * 4}}, .budget_pages = 32}, *pool,
+                            clock);
+    pipeline = *Pipeline::Create(
+        {.features = {{.table_id = 0, .rows = 5000}, {.table_id = 1, .rows = 100}},
+         .max_history = 400},
+        *kv, *emb, *device, device->pool_data(), source, model, nullptr, clock);
+  }
+  RealClock clock;
+  std::unique_ptr<HbmPool> pool;
+  std::unique_ptr<CpuDevice> device;
+  std::unique_ptr<KvCache> kv;
+  std::unique_ptr<EmbCache> emb;
+  TableSource source;
+  std::unique_ptr<Pipeline> pipeline;
+};
+
+TEST(HstuPipelineTest, ReturningUserScoresLikeAColdNode) {
+  auto model = *HstuModel::CreateRandom({.layers = 2,
+                                         .dim = kDim,
+                                         .heads = 2,
+                                         .d_qk = 8,
+                                         .d_v = 16,
+                                         .head_hidden = 16,
+                                         .targets = 1,
+                                         .attn_norm = 32,
+                                         .max_positions = 512},
+                                        17);
+  Node warm(*model);
+  Rng rng(5);
+  std::vector<uint64_t> history;
+  for (int request = 0; request < 4; ++request) {
+    for (int i = 0; i < 25 + 10 * request; ++i) {
+      history.push_back(rng() % 5000);
+      history.push_back(rng() % 100);
+    }
+    std::vector<uint64_t> cand;
+    for (int c = 0; c < 6; ++c) {
+      cand.push_back(rng() % 5000);
+      cand.push_back(rng() % 100);
+    }
+    auto w = warm.pipeline->Infer({.user = 1, .history = history, .candidates = cand});
+    ASSERT_TRUE(w.ok()) << w.status();
+    Node cold(*model);
+    auto c = cold.pipeline->Infer({.user = 1, .history = history, .candidates = cand});
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->cached_prefix_tokens, 0u);
+    if (request > 0) {
+      EXPECT_GT(w->cached_prefix_tokens, 0u) << "request " << request;
+      EXPECT_EQ(w->computed_tokens, history.size() / 2 - w->cached_prefix_tokens + 6);
+    }
+    ASSERT_EQ(w->scores.size(), c->scores.size());
+    for (size_t i = 0; i < w->scores.size(); ++i) {
+      EXPECT_NEAR(w->scores[i], c->scores[i], 1e-4 * std::max(1.0f, std::abs(c->scores[i])))
+          << "request " << request << " candidate " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace hlem::serving
