@@ -2,8 +2,9 @@
 // for absl::Mutex over std::mutex. Debian's libabsl_synchronization is not built with TSan, so
 // TSan cannot see absl::Mutex's locking and reports every guarded access as a race; over
 // std::mutex (intercepted by TSan) it sees the happens-before edges. Covers what HLEM's core code
-// uses: Lock/Unlock, MutexLock, Await, AwaitWithDeadline and AwaitWithTimeout with a Condition. Core-only builds
-// do not link gRPC, whose uninstrumented absl::Mutex users would mismatch this definition.
+// uses: Lock/Unlock, MutexLock, Await, AwaitWithDeadline and AwaitWithTimeout with a Condition.
+// Core-only builds do not link gRPC, whose uninstrumented absl::Mutex users would mismatch this
+// definition.
 #pragma once
 #include <chrono>
 #include <condition_variable>
