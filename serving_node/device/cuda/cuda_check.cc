@@ -287,18 +287,7 @@ std::unique_ptr<CudaPool> MakePool(const CudaPoolOptions& options, std::vector<s
 }
 
 int Main() {
-  int count = 0;
-  std::string why;
-  switch (ProbeCuda(&count, &why)) {
-    case CudaAvailability::kNoDevice:
-      std::printf("SKIP: %s\n", why.c_str());
-      return 77;
-    case CudaAvailability::kError:
-      std::printf("FAIL: CUDA is installed but unusable: %s\n", why.c_str());
-      return 1;
-    case CudaAvailability::kAvailable:
-      break;
-  }
+  if (int rc = CudaToolExitCode(); rc != 0) return rc;
   std::vector<std::byte> mirror;
   {
     auto pool = MakePool({.pool_bytes = 256 << 20}, &mirror);

@@ -287,17 +287,7 @@ int Main(int argc, char** argv) {
       Die("unknown argument '" + a + "' (known: --out DIR, --quick)");
     }
   }
-  int count = 0;
-  std::string why;
-  switch (ProbeCuda(&count, &why)) {
-    case CudaAvailability::kNoDevice:
-      std::printf("SKIP: %s\n", why.c_str());
-      return 77;
-    case CudaAvailability::kError:
-      Die("CUDA is installed but unusable: " + why);
-    case CudaAvailability::kAvailable:
-      break;
-  }
+  if (int rc = CudaToolExitCode(); rc != 0) return rc;
   CudaResult r = CudaResult::Ok();
   auto pool = CudaPool::Create({.pool_bytes = size_t{4} << 30}, &r);
   if (pool == nullptr) Die("cannot create the pool: " + r.message());

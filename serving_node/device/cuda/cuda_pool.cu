@@ -1,6 +1,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <utility>
 
@@ -94,6 +95,22 @@ CudaAvailability ProbeCuda(int* count, std::string* detail) {
     return CudaAvailability::kError;
   }
   return CudaAvailability::kAvailable;
+}
+
+int CudaToolExitCode() {
+  int count = 0;
+  std::string why;
+  switch (ProbeCuda(&count, &why)) {
+    case CudaAvailability::kAvailable:
+      return 0;
+    case CudaAvailability::kNoDevice:
+      std::printf("SKIP: %s\n", why.c_str());
+      return 77;
+    case CudaAvailability::kError:
+      break;
+  }
+  std::printf("FAIL: CUDA is installed but unusable: %s\n", why.c_str());
+  return 1;
 }
 
 int CudaDeviceCount(std::string* detail) {

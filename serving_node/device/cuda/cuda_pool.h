@@ -79,6 +79,9 @@ enum class CudaAvailability { kAvailable, kNoDevice, kError };
 CudaAvailability ProbeCuda(int* count, std::string* detail);
 // Devices usable now (0 for kNoDevice and kError).
 int CudaDeviceCount(std::string* detail = nullptr);
+// For the GPU tools: 0 when a device is usable; otherwise prints "SKIP: why" and returns 77 (no
+// driver or no device), or prints "FAIL: ..." and returns 1 (CUDA installed but unusable).
+int CudaToolExitCode();
 
 class CudaPool {
  public:
