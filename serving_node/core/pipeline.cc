@@ -11,6 +11,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/rng.h"
@@ -274,10 +275,18 @@ absl::Status Pipeline::Embed(std::span<const uint64_t> ids, absl::Time deadline,
   return absl::OkStatus();
 }
 
-absl::StatusOr<InferOutput> Pipeline::Infer(const InferInput& in) {
+struct Pipeline::Prepared {
+  InferOutput out;
+  uint64_t user = 0;
+  uint64_t cached = 0;
+  std::vector<float> history_emb, candidate_emb;
+  std::vector<uint64_t> page_offsets;  // the user's block table
+  std::optional<KvAppendResult> append;
+};
+
+absl::Status Pipeline::Prepare(const InferInput& in, Prepared* p) {
   RETURN_IF_ERROR(Validate(in));
-  const absl::Time start = clock_.Now();
-  if (start >= in.deadline) return absl::DeadlineExceededError("deadline passed on arrival");
+  if (clock_.Now() >= in.deadline) return absl::DeadlineExceededError("deadline passed on arrival");
   const size_t F = options_.features.size();
   const size_t H = in.history.size() / F, C_n = in.candidates.size() / F;
 
@@ -294,16 +303,16 @@ absl::StatusOr<InferOutput> Pipeline::Infer(const InferInput& in) {
     tokens[j] = EventToken(std::span<const uint64_t>(in.history).subspan((first + j) * F, F));
   }
 
-  InferOutput out;
+  InferOutput& out = p->out;
   out.targets = model_.targets();
   out.history_tokens = static_cast<uint32_t>(Hw);
   out.trimmed_events = static_cast<uint32_t>(first);
+  p->user = in.user;
   kv_.Pin(in.user);
-  absl::Cleanup unpin = [&] { (void)kv_.Unpin(in.user); };
+  absl::Cleanup release = [&] { Release(*p, /*commit=*/false); };
 
   // Prefix and slots for the new tokens; a concurrent append of the same user makes us retry.
   KvLookupResult prefix;
-  std::optional<KvAppendResult> append;
   for (int attempt = 0;; ++attempt) {
     prefix = kv_.Lookup(in.user, tokens);
     if (attempt == 0) out.stale_kv_hit = in.expected_kv_resident && prefix.prefix.len == 0;
@@ -311,7 +320,7 @@ absl::StatusOr<InferOutput> Pipeline::Infer(const InferInput& in) {
     absl::StatusOr<KvAppendResult> a = kv_.Append(
         in.user, prefix.prefix, std::span<const uint64_t>(tokens).subspan(prefix.prefix.len));
     if (a.ok()) {
-      append = std::move(*a);
+      p->append = std::move(*a);
       break;
     }
     if (a.status().code() != absl::StatusCode::kFailedPrecondition) return a.status();
@@ -321,53 +330,97 @@ absl::StatusOr<InferOutput> Pipeline::Infer(const InferInput& in) {
     }
     absl::SleepFor(absl::Milliseconds(1));  // the other request's append is committing
   }
-  const size_t cached = prefix.prefix.len, n = Hw - cached;
-  absl::Cleanup abort_append = [&] {
-    if (append.has_value()) (void)kv_.AbortAppend(in.user, append->prefix);
-  };
+  p->cached = prefix.prefix.len;
+  const size_t n = Hw - p->cached;
 
   // Embeddings of the new history tokens and the candidates.
   const absl::Time emb_start = clock_.Now();
   std::vector<uint64_t> ids;
   ids.reserve((n + C_n) * F);
-  ids.insert(ids.end(), in.history.begin() + (first + cached) * F, in.history.end());
+  ids.insert(ids.end(), in.history.begin() + (first + p->cached) * F, in.history.end());
   ids.insert(ids.end(), in.candidates.begin(), in.candidates.end());
-  std::vector<float> history_emb, candidate_emb;
-  RETURN_IF_ERROR(Embed(ids, in.deadline, &out, &history_emb, n, &candidate_emb));
+  RETURN_IF_ERROR(Embed(ids, in.deadline, &out, &p->history_emb, n, &p->candidate_emb));
   out.emb_seconds = clock_.Now() - emb_start;
   if (clock_.Now() >= in.deadline) {
     return absl::DeadlineExceededError("deadline passed before compute");
   }
 
   // The block table: the prefix's pages, then the pages the append reserved.
-  std::vector<uint64_t> page_offsets;
-  for (PageId p : prefix.pages) page_offsets.push_back(kv_.layout().page_bytes * p);
-  if (append.has_value()) {
-    for (const KvSlotRun& run : append->runs) {
-      const uint64_t off = kv_.layout().page_bytes * run.page;
-      if (page_offsets.empty() || page_offsets.back() != off) page_offsets.push_back(off);
+  const uint64_t page_bytes = kv_.layout().page_bytes;
+  for (PageId page : prefix.pages) p->page_offsets.push_back(page_bytes * page);
+  if (p->append.has_value()) {
+    for (const KvSlotRun& run : p->append->runs) {
+      const uint64_t off = page_bytes * run.page;
+      if (p->page_offsets.empty() || p->page_offsets.back() != off) p->page_offsets.push_back(off);
     }
   }
   out.scores.resize(C_n * out.targets);
-  const ModelStep step{.kv = {kv_.layout(), pool_, page_offsets},
-                       .cached_len = cached,
-                       .new_history_emb = history_emb,
-                       .candidate_emb = candidate_emb,
-                       .scores = out.scores};
-  const absl::Time compute_start = clock_.Now();
-  if (absl::Status st = model_.Run(std::span<const ModelStep>(&step, 1)); !st.ok()) {
-    return absl::InternalError(absl::StrCat("model: ", st.message()));
-  }
-  out.compute_seconds = clock_.Now() - compute_start;
-  if (append.has_value()) {
-    // ABORTED: the user's KV was dropped meanwhile (pinned pages stayed intact, so the scores
-    // stand); nothing is cached.
-    (void)kv_.CommitAppend(in.user, append->prefix);
-    std::move(abort_append).Cancel();
-  }
-  out.cached_prefix_tokens = static_cast<uint32_t>(cached);
+  out.cached_prefix_tokens = static_cast<uint32_t>(p->cached);
   out.computed_tokens = static_cast<uint32_t>(n + C_n);
-  return out;
+  std::move(release).Cancel();
+  return absl::OkStatus();
+}
+
+void Pipeline::Release(Prepared& p, bool commit) {
+  if (p.append.has_value()) {
+    // CommitAppend ABORTED: the user's KV was dropped meanwhile (the pinned pages stayed intact,
+    // so the scores stand); nothing is cached.
+    (void)(commit ? kv_.CommitAppend(p.user, p.append->prefix)
+                  : kv_.AbortAppend(p.user, p.append->prefix));
+    p.append.reset();
+  }
+  (void)kv_.Unpin(p.user);
+}
+
+absl::StatusOr<InferOutput> Pipeline::Infer(const InferInput& in) {
+  return std::move(InferBatch(std::span<const InferInput>(&in, 1))[0]);
+}
+
+std::vector<absl::StatusOr<InferOutput>> Pipeline::InferBatch(std::span<const InferInput> batch) {
+  std::vector<absl::StatusOr<InferOutput>> results(batch.size(), absl::InternalError("not run"));
+  std::vector<size_t> waiting(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) waiting[i] = i;
+  while (!waiting.empty()) {
+    // One round: at most one request per user.
+    std::vector<size_t> round, later;
+    absl::flat_hash_set<uint64_t> users;
+    for (size_t i : waiting) (users.insert(batch[i].user).second ? round : later).push_back(i);
+    std::vector<Prepared> prepared(round.size());
+    std::vector<size_t> ready;  // indices into round
+    for (size_t r = 0; r < round.size(); ++r) {
+      absl::Status st = Prepare(batch[round[r]], &prepared[r]);
+      if (st.ok()) {
+        ready.push_back(r);
+      } else {
+        results[round[r]] = st;
+      }
+    }
+    if (!ready.empty()) {
+      std::vector<ModelStep> steps;
+      for (size_t r : ready) {
+        Prepared& p = prepared[r];
+        steps.push_back({.kv = {kv_.layout(), pool_, p.page_offsets},
+                         .cached_len = p.cached,
+                         .new_history_emb = p.history_emb,
+                         .candidate_emb = p.candidate_emb,
+                         .scores = p.out.scores});
+      }
+      const absl::Time compute_start = clock_.Now();
+      const absl::Status st = model_.Run(steps);
+      const absl::Duration compute = clock_.Now() - compute_start;
+      for (size_t r : ready) {
+        Release(prepared[r], st.ok());
+        if (st.ok()) {
+          prepared[r].out.compute_seconds = compute;
+          results[round[r]] = std::move(prepared[r].out);
+        } else {
+          results[round[r]] = absl::InternalError(absl::StrCat("model: ", st.message()));
+        }
+      }
+    }
+    waiting = std::move(later);
+  }
+  return results;
 }
 
 }  // namespace hlem::serving

@@ -94,6 +94,11 @@ class Pipeline {
   // other user pinned), UNAVAILABLE (a fetch failed), ABORTED (the user's appends kept
   // conflicting), INTERNAL (the device or the model failed).
   absl::StatusOr<InferOutput> Infer(const InferInput& in);
+  // Requests that arrived together, run through the model in one ModelRunner::Run: each is
+  // prepared (steps 1-3) alone, so a bad or failing request gets its own error and the others
+  // go on; a request whose user is already in the batch runs in a later round, after the
+  // earlier one's K/V are committed (it then reuses them). results[i] answers batch[i].
+  std::vector<absl::StatusOr<InferOutput>> InferBatch(std::span<const InferInput> batch);
 
   const PipelineOptions& options() const { return options_; }
 
@@ -101,7 +106,12 @@ class Pipeline {
   Pipeline(const PipelineOptions& options, KvCache& kv, EmbCache& emb, Device& device,
            std::byte* pool, RowSource& source, ModelRunner& model, PopularitySketch* sketch,
            Clock& clock);
+  struct Prepared;
   absl::Status Validate(const InferInput& in) const;
+  // Steps 1-3 of one request; on an error nothing stays pinned or reserved.
+  absl::Status Prepare(const InferInput& in, Prepared* p);
+  // Commits (or aborts) the request's append and unpins its user.
+  void Release(Prepared& p, bool commit);
   // Sums the features' rows of tokens [first, last) of `ids` (F per token) into out (dim each).
   absl::Status Embed(std::span<const uint64_t> ids, absl::Time deadline, InferOutput* info,
                      std::vector<float>* history_out, size_t history_tokens,

@@ -52,6 +52,7 @@ class FakeRunner final : public ModelRunner {
   uint32_t kv_dim() const override { return kDim; }
   uint32_t max_positions() const override { return 1024; }
   absl::Status Run(std::span<const ModelStep> steps) override {
+    ++batches;
     for (const ModelStep& s : steps) {
       const KvGeometry& g = s.kv.geometry;
       auto at = [&](uint64_t t, KvPart part) {
@@ -80,7 +81,8 @@ class FakeRunner final : public ModelRunner {
     }
     return absl::OkStatus();
   }
-  int runs = 0;
+  int runs = 0;     // steps
+  int batches = 0;  // Run calls
 };
 
 // Two features per token: item (table 0, 1000 rows) and category (table 1, 50 rows).
@@ -261,6 +263,33 @@ TEST_F(PipelineTest, AFailedFetchLeavesTheUsersKvAsItWas) {
   ExpectNear(r->scores, Expected(history, cand));
   EXPECT_TRUE(kv_->CheckInvariants().ok()) << kv_->CheckInvariants();
   EXPECT_EQ(emb_->GetStats().pending_entries, 0u);
+}
+
+// Requests that arrive together: one model call per round, a bad request fails alone, and a
+// user's second request in the batch runs after its first and reuses its tokens.
+TEST_F(PipelineTest, ABatchAnswersEveryRequestOnce) {
+  Rng rng(6);
+  const std::vector<uint64_t> h1 = Events(rng, 40), h2 = Events(rng, 25), cand = Events(rng, 3);
+  std::vector<uint64_t> h1_longer = h1;
+  const std::vector<uint64_t> more = Events(rng, 6);
+  h1_longer.insert(h1_longer.end(), more.begin(), more.end());
+  const std::vector<InferInput> batch = {Input(1, h1, cand), Input(2, h2, cand),
+                                         Input(1, h1_longer, cand), Input(3, {1000, 0}, cand),
+                                         Input(4, Events(rng, 10), {})};
+  std::vector<absl::StatusOr<InferOutput>> r = pipeline_->InferBatch(batch);
+  ASSERT_EQ(r.size(), batch.size());
+  ASSERT_TRUE(r[0].ok()) << r[0].status();
+  ASSERT_TRUE(r[1].ok()) << r[1].status();
+  ASSERT_TRUE(r[2].ok()) << r[2].status();
+  EXPECT_EQ(r[3].status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(r[4].status().code(), absl::StatusCode::kInvalidArgument);
+  ExpectNear(r[0]->scores, Expected(h1, cand));
+  ExpectNear(r[1]->scores, Expected(h2, cand));
+  ExpectNear(r[2]->scores, Expected(h1_longer, cand));
+  EXPECT_EQ(r[2]->cached_prefix_tokens, 40u);  // ran after user 1's first request committed
+  EXPECT_EQ(runner_.batches, 2);               // users 1 and 2 together, then user 1 again
+  EXPECT_EQ(runner_.runs, 3);
+  EXPECT_TRUE(kv_->CheckInvariants().ok()) << kv_->CheckInvariants();
 }
 
 TEST_F(PipelineTest, RejectsAMismatchedSetup) {

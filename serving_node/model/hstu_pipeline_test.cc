@@ -62,17 +62,30 @@ struct Node {
   std::unique_ptr<Pipeline> pipeline;
 };
 
+std::unique_ptr<HstuModel> SmallModel() {
+  return *HstuModel::CreateRandom({.layers = 2,
+                                   .dim = kDim,
+                                   .heads = 2,
+                                   .d_qk = 8,
+                                   .d_v = 16,
+                                   .head_hidden = 16,
+                                   .targets = 1,
+                                   .attn_norm = 32,
+                                   .max_positions = 512},
+                                  17);
+}
+
+std::vector<uint64_t> RandomEvents(Rng& rng, int n) {
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < n; ++i) {
+    ids.push_back(rng() % 5000);
+    ids.push_back(rng() % 100);
+  }
+  return ids;
+}
+
 TEST(HstuPipelineTest, ReturningUserScoresLikeAColdNode) {
-  auto model = *HstuModel::CreateRandom({.layers = 2,
-                                         .dim = kDim,
-                                         .heads = 2,
-                                         .d_qk = 8,
-                                         .d_v = 16,
-                                         .head_hidden = 16,
-                                         .targets = 1,
-                                         .attn_norm = 32,
-                                         .max_positions = 512},
-                                        17);
+  auto model = SmallModel();
   Node warm(*model);
   Rng rng(5);
   std::vector<uint64_t> history;
@@ -100,6 +113,33 @@ TEST(HstuPipelineTest, ReturningUserScoresLikeAColdNode) {
     for (size_t i = 0; i < w->scores.size(); ++i) {
       EXPECT_NEAR(w->scores[i], c->scores[i], 1e-4 * std::max(1.0f, std::abs(c->scores[i])))
           << "request " << request << " candidate " << i;
+    }
+  }
+}
+
+// Users of different history lengths in one batch (one model pass) score as each would alone
+// on a fresh node.
+TEST(HstuPipelineTest, ABatchScoresLikeSingleRequests) {
+  auto model = SmallModel();
+  Node warm(*model);
+  Rng rng(8);
+  std::vector<InferInput> batch;
+  for (uint64_t user = 0; user < 5; ++user) {
+    batch.push_back({.user = user,
+                     .history = RandomEvents(rng, 5 + 30 * static_cast<int>(user)),
+                     .candidates = RandomEvents(rng, 1 + static_cast<int>(user))});
+  }
+  std::vector<absl::StatusOr<InferOutput>> got = warm.pipeline->InferBatch(batch);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    ASSERT_TRUE(got[i].ok()) << got[i].status();
+    Node cold(*model);
+    auto want = cold.pipeline->Infer(batch[i]);
+    ASSERT_TRUE(want.ok()) << want.status();
+    ASSERT_EQ(got[i]->scores.size(), want->scores.size());
+    for (size_t k = 0; k < want->scores.size(); ++k) {
+      EXPECT_NEAR(got[i]->scores[k], want->scores[k],
+                  1e-4 * std::max(1.0f, std::abs(want->scores[k])))
+          << "user " << i;
     }
   }
 }
