@@ -1,0 +1,125 @@
+// The serving node's request pipeline against a real embedding shard on loopback: the rows come
+// over the shard client (gRPC), the model is the real HSTU, and a returning user's requests
+// compute only the new tokens and score exactly as a fresh node does.
+
+#include <unistd.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/clock.h"
+#include "common/rng.h"
+#include "embedding_shard/client/shard_client_factory.h"
+#include "gtest/gtest.h"
+#include "serving_node/core/emb_cache.h"
+#include "serving_node/core/hbm_pool.h"
+#include "serving_node/core/kv_cache.h"
+#include "serving_node/core/pipeline.h"
+#include "serving_node/device/cpu_device.h"
+#include "serving_node/model/hstu_model.h"
+#include "serving_node/service/shard_row_source.h"
+#include "tests/testing/shard_cluster.h"
+
+namespace hlem::serving {
+namespace {
+
+constexpr uint32_t kDim = 32;
+
+// One node over the shard cluster's client.
+struct Node {
+  Node(HstuModel& model, RowSource& source, Clock& clock) {
+    constexpr uint64_t kPageBytes = 32 << 10;
+    pool = *HbmPool::Create({.pool_bytes = 128 * kPageBytes, .page_bytes = kPageBytes});
+    device =
+        *CpuDevice::Create({.pool_bytes = 128 * kPageBytes,
+                            .link = {.bytes_per_second = 1e10, .latency = absl::Microseconds(1)}},
+                           clock);
+    kv = *KvCache::Create(
+        {.layers = model.layers(), .kv_dim = model.kv_dim(), .dtype_bytes = 4, .budget_pages = 64},
+        *pool, nullptr, clock);
+    emb = *EmbCache::Create({.tables = {{0, kDim * 4}, {1, kDim * 4}}, .budget_pages = 32}, *pool,
+                            clock);
+    auto p = Pipeline::Create(
+        {.features = {{.table_id = 0, .rows = 100000}, {.table_id = 1, .rows = 500}},
+         .max_history = 300},
+        *kv, *emb, *device, device->pool_data(), source, model, nullptr, clock);
+    EXPECT_TRUE(p.ok()) << p.status();
+    pipeline = std::move(*p);
+  }
+  std::unique_ptr<HbmPool> pool;
+  std::unique_ptr<CpuDevice> device;
+  std::unique_ptr<KvCache> kv;
+  std::unique_ptr<EmbCache> emb;
+  std::unique_ptr<Pipeline> pipeline;
+};
+
+TEST(NodePipelineIntegrationTest, ReturningUserOverARealShard) {
+  testing::ShardClusterOptions options;
+  options.binary = HLEM_SHARD_BINARY;
+  options.work_dir = absl::StrCat(::testing::TempDir(), "/hlem_node_it_", getpid());
+  options.config_yaml = R"(
+shard_map: {num_shards: 1, partitioning: hash, replicas: 1, hash_seed: 3}
+tables:
+  - {id: 0, name: item, rows: 100000, dim: 32, dtype: fp32}
+  - {id: 1, name: category, rows: 500, dim: 32, dtype: fp32}
+content: {source: generated, seed: 11}
+limits: {max_batch_rows: 4096}
+ucx: {transports: auto, net_devices: lo}
+)";
+  auto cluster = testing::ShardCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  RealClock clock;
+  shard::ShardClientSetup setup;
+  setup.cluster = (*cluster)->config();
+  setup.transport = shard::ClientTransport::kGrpc;
+  auto client = shard::ConnectShardClient(setup, clock);
+  ASSERT_TRUE(client.ok()) << client.status();
+  ShardRowSource source(**client);
+
+  auto model = *HstuModel::CreateRandom({.layers = 2,
+                                         .dim = kDim,
+                                         .heads = 2,
+                                         .d_qk = 16,
+                                         .d_v = 16,
+                                         .head_hidden = 32,
+                                         .targets = 2,
+                                         .attn_norm = 64,
+                                         .max_positions = 512},
+                                        23);
+  Node warm(*model, source, clock);
+  Rng rng(4);
+  std::vector<uint64_t> history;
+  for (int request = 0; request < 3; ++request) {
+    for (int i = 0; i < 40; ++i) {
+      history.push_back(rng() % 100000);
+      history.push_back(rng() % 500);
+    }
+    std::vector<uint64_t> cand;
+    for (int c = 0; c < 8; ++c) {
+      cand.push_back(rng() % 100000);
+      cand.push_back(rng() % 500);
+    }
+    const InferInput in{.user = 42, .history = history, .candidates = cand};
+    auto got = warm.pipeline->Infer(in);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->cached_prefix_tokens, 40u * request);
+    EXPECT_EQ(got->computed_tokens, 40u + 8u);
+    EXPECT_GT(got->emb_misses, 0u);
+    Node cold(*model, source, clock);
+    auto want = cold.pipeline->Infer(in);
+    ASSERT_TRUE(want.ok()) << want.status();
+    ASSERT_EQ(got->scores.size(), 16u);
+    for (size_t i = 0; i < want->scores.size(); ++i) {
+      EXPECT_NEAR(got->scores[i], want->scores[i], 1e-4 * std::max(1.0f, std::abs(want->scores[i])))
+          << "request " << request << " score " << i;
+    }
+  }
+  // A row past the table is the caller's error, before anything is fetched.
+  auto bad = warm.pipeline->Infer({.user = 42, .history = {100000, 0}, .candidates = {1, 1}});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kOutOfRange) << bad.status();
+}
+
+}  // namespace
+}  // namespace hlem::serving
