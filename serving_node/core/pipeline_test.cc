@@ -1,5 +1,7 @@
 #include "serving_node/core/pipeline.h"
 
+#include <thread>
+
 #include <cmath>
 #include <memory>
 #include <vector>
@@ -11,6 +13,7 @@
 #include "serving_node/core/emb_cache.h"
 #include "serving_node/core/hbm_pool.h"
 #include "serving_node/core/kv_cache.h"
+#include "serving_node/core/request_queue.h"
 #include "serving_node/device/cpu_device.h"
 
 namespace hlem::serving {
@@ -52,6 +55,10 @@ class FakeRunner final : public ModelRunner {
   uint32_t kv_dim() const override { return kDim; }
   uint32_t max_positions() const override { return 1024; }
   absl::Status Run(std::span<const ModelStep> steps) override {
+    {
+      absl::MutexLock lock(&gate_mu);
+      gate_mu.Await(absl::Condition(&gate_open));
+    }
     ++batches;
     for (const ModelStep& s : steps) {
       const KvGeometry& g = s.kv.geometry;
@@ -81,8 +88,14 @@ class FakeRunner final : public ModelRunner {
     }
     return absl::OkStatus();
   }
-  int runs = 0;     // steps
-  int batches = 0;  // Run calls
+  void SetGate(bool open) {
+    absl::MutexLock lock(&gate_mu);
+    gate_open = open;
+  }
+  std::atomic<int> runs{0};     // steps
+  std::atomic<int> batches{0};  // Run calls
+  absl::Mutex gate_mu;
+  bool gate_open = true;  // Run waits while false (tests of the queue)
 };
 
 // Two features per token: item (table 0, 1000 rows) and category (table 1, 50 rows).
@@ -290,6 +303,76 @@ TEST_F(PipelineTest, ABatchAnswersEveryRequestOnce) {
   EXPECT_EQ(runner_.batches, 2);               // users 1 and 2 together, then user 1 again
   EXPECT_EQ(runner_.runs, 3);
   EXPECT_TRUE(kv_->CheckInvariants().ok()) << kv_->CheckInvariants();
+}
+
+// Many clients at once: every request answered once and correctly, in batches.
+TEST_F(PipelineTest, QueueBatchesConcurrentRequests) {
+  auto queue = *RequestQueue::Create({.max_batch = 8, .batch_window = absl::Milliseconds(5)},
+                                     *pipeline_, clock_);
+  std::vector<std::thread> clients;
+  std::atomic<int> correct{0};
+  for (int t = 0; t < 4; ++t) {
+    clients.emplace_back([&, t] {
+      Rng rng(100 + t);
+      for (int i = 0; i < 10; ++i) {
+        const std::vector<uint64_t> h = Events(rng, 5 + rng() % 30), c = Events(rng, 2);
+        auto r = queue->Infer(Input(static_cast<uint64_t>(t * 100 + i), h, c));
+        if (!r.ok()) continue;
+        const std::vector<float> want = Expected(h, c);
+        bool same = r->scores.size() == want.size();
+        for (size_t k = 0; same && k < want.size(); ++k) {
+          same = std::abs(r->scores[k] - want[k]) <= 1e-3;
+        }
+        correct += same;
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(correct, 40);
+  RequestQueueStats s = queue->stats();
+  EXPECT_EQ(s.submitted, 40u);
+  EXPECT_EQ(s.batched_requests, 40u);
+  EXPECT_LE(s.batches, 40u);
+  EXPECT_EQ(runner_.runs, 40);
+}
+
+// Overload, deadlines while queued and draining: each request still gets exactly one answer.
+TEST_F(PipelineTest, QueueOverloadDeadlinesAndDrain) {
+  auto queue = *RequestQueue::Create({.max_batch = 1, .max_queue = 2, .batch_window = {}},
+                                     *pipeline_, clock_);
+  Rng rng(7);
+  runner_.SetGate(false);  // the model holds the first request
+  absl::Mutex mu;
+  std::vector<absl::StatusCode> codes;
+  auto record = [&](absl::StatusOr<InferOutput> r) {
+    absl::MutexLock lock(&mu);
+    codes.push_back(r.status().code());
+  };
+  queue->Submit(Input(1, Events(rng, 5), Events(rng, 1)), record);  // taken by the worker
+  // Wait until the worker holds it, so the queue below is exactly what waits.
+  for (int i = 0; i < 1000 && queue->stats().depth != 0; ++i) absl::SleepFor(absl::Milliseconds(1));
+  InferInput soon = Input(2, Events(rng, 5), Events(rng, 1));
+  soon.deadline = clock_.Now() + absl::Milliseconds(20);
+  queue->Submit(soon, record);                                      // expires while queued
+  queue->Submit(Input(3, Events(rng, 5), Events(rng, 1)), record);  // waits, then runs
+  queue->Submit(Input(4, Events(rng, 5), Events(rng, 1)), record);  // queue full: overload
+  absl::SleepFor(absl::Milliseconds(40));
+  runner_.SetGate(true);
+  queue->Drain();
+  queue->Submit(Input(5, Events(rng, 5), Events(rng, 1)), record);  // draining: unavailable
+  absl::MutexLock lock(&mu);
+  std::vector<absl::StatusCode> sorted = codes;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted,
+            (std::vector<absl::StatusCode>{
+                absl::StatusCode::kOk, absl::StatusCode::kOk, absl::StatusCode::kDeadlineExceeded,
+                absl::StatusCode::kResourceExhausted, absl::StatusCode::kUnavailable}));
+  RequestQueueStats s = queue->stats();
+  EXPECT_EQ(s.rejected_overload, 1u);
+  EXPECT_EQ(s.rejected_draining, 1u);
+  EXPECT_EQ(s.expired, 1u);
+  EXPECT_EQ(RequestQueue::Create({.max_batch = 0}, *pipeline_, clock_).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(PipelineTest, RejectsAMismatchedSetup) {

@@ -33,8 +33,9 @@ class ABSL_LOCKABLE Mutex {
  public:
   void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() { mu_.lock(); }
   void Unlock() ABSL_UNLOCK_FUNCTION() {
-    mu_.unlock();
+    // Notify before unlocking: once unlocked, a waiter may return and destroy this mutex.
     cv_.notify_all();
+    mu_.unlock();
   }
   void ReaderLock() ABSL_SHARED_LOCK_FUNCTION() { Lock(); }
   void ReaderUnlock() ABSL_UNLOCK_FUNCTION() { Unlock(); }
