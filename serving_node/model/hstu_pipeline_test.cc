@@ -7,12 +7,9 @@
 #include "common/clock.h"
 #include "common/rng.h"
 #include "gtest/gtest.h"
-#include "serving_node/core/emb_cache.h"
-#include "serving_node/core/hbm_pool.h"
-#include "serving_node/core/kv_cache.h"
 #include "serving_node/core/pipeline.h"
-#include "serving_node/device/cpu_device.h"
 #include "serving_node/model/hstu_model.h"
+#include "serving_node/model/test_node.h"
 
 namespace hlem::serving {
 namespace {
@@ -34,32 +31,16 @@ class TableSource final : public RowSource {
   }
 };
 
-// One node: pool, cpu device, caches and a pipeline over a shared model.
+// One node over the shared model, rows from TableSource.
 struct Node {
-  explicit Node(HstuModel& model) {
-    constexpr uint64_t kPageBytes = 32 << 10;
-    pool = *HbmPool::Create({.pool_bytes = 128 * kPageBytes, .page_bytes = kPageBytes});
-    device =
-        *CpuDevice::Create({.pool_bytes = 128 * kPageBytes,
-                            .link = {.bytes_per_second = 1e10, .latency = absl::Microseconds(1)}},
-                           clock);
-    kv = *KvCache::Create(
-        {.layers = model.layers(), .kv_dim = model.kv_dim(), .dtype_bytes = 4, .budget_pages = 64},
-        *pool, nullptr, clock);
-    emb = *EmbCache::Create({.tables = {{0, kDim * 4}, {1, kDim * 4}}, .budget_pages = 32}, *pool,
-                            clock);
-    pipeline = *Pipeline::Create(
-        {.features = {{.table_id = 0, .rows = 5000}, {.table_id = 1, .rows = 100}},
-         .max_history = 400},
-        *kv, *emb, *device, device->pool_data(), source, model, nullptr, clock);
-  }
+  explicit Node(HstuModel& model)
+      : node(model, source, clock, {{.table_id = 0, .rows = 5000}, {.table_id = 1, .rows = 100}},
+             400),
+        pipeline(node.pipeline) {}
   RealClock clock;
-  std::unique_ptr<HbmPool> pool;
-  std::unique_ptr<CpuDevice> device;
-  std::unique_ptr<KvCache> kv;
-  std::unique_ptr<EmbCache> emb;
   TableSource source;
-  std::unique_ptr<Pipeline> pipeline;
+  testing::TestNode node;
+  std::unique_ptr<Pipeline>& pipeline;
 };
 
 std::unique_ptr<HstuModel> SmallModel() {

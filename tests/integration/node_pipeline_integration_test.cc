@@ -13,12 +13,9 @@
 #include "common/rng.h"
 #include "embedding_shard/client/shard_client_factory.h"
 #include "gtest/gtest.h"
-#include "serving_node/core/emb_cache.h"
-#include "serving_node/core/hbm_pool.h"
-#include "serving_node/core/kv_cache.h"
 #include "serving_node/core/pipeline.h"
-#include "serving_node/device/cpu_device.h"
 #include "serving_node/model/hstu_model.h"
+#include "serving_node/model/test_node.h"
 #include "serving_node/service/shard_row_source.h"
 #include "tests/testing/shard_cluster.h"
 
@@ -29,34 +26,16 @@ constexpr uint32_t kDim = 32;
 
 // One node over the shard cluster's client.
 struct Node {
-  Node(HstuModel& model, RowSource& source, Clock& clock) {
-    constexpr uint64_t kPageBytes = 32 << 10;
-    pool = *HbmPool::Create({.pool_bytes = 128 * kPageBytes, .page_bytes = kPageBytes});
-    device =
-        *CpuDevice::Create({.pool_bytes = 128 * kPageBytes,
-                            .link = {.bytes_per_second = 1e10, .latency = absl::Microseconds(1)}},
-                           clock);
-    kv = *KvCache::Create(
-        {.layers = model.layers(), .kv_dim = model.kv_dim(), .dtype_bytes = 4, .budget_pages = 64},
-        *pool, nullptr, clock);
-    emb = *EmbCache::Create({.tables = {{0, kDim * 4}, {1, kDim * 4}}, .budget_pages = 32}, *pool,
-                            clock);
-    auto p = Pipeline::Create(
-        {.features = {{.table_id = 0, .rows = 100000}, {.table_id = 1, .rows = 500}},
-         .max_history = 300},
-        *kv, *emb, *device, device->pool_data(), source, model, nullptr, clock);
-    EXPECT_TRUE(p.ok()) << p.status();
-    pipeline = std::move(*p);
-  }
-  std::unique_ptr<HbmPool> pool;
-  std::unique_ptr<CpuDevice> device;
-  std::unique_ptr<KvCache> kv;
-  std::unique_ptr<EmbCache> emb;
-  std::unique_ptr<Pipeline> pipeline;
+  Node(HstuModel& model, RowSource& source, Clock& clock)
+      : node(model, source, clock, {{.table_id = 0, .rows = 100000}, {.table_id = 1, .rows = 500}},
+             300),
+        pipeline(node.pipeline) {}
+  testing::TestNode node;
+  std::unique_ptr<Pipeline>& pipeline;
 };
 
 TEST(NodePipelineIntegrationTest, ReturningUserOverARealShard) {
-  testing::ShardClusterOptions options;
+  hlem::testing::ShardClusterOptions options;
   options.binary = HLEM_SHARD_BINARY;
   options.work_dir = absl::StrCat(::testing::TempDir(), "/hlem_node_it_", getpid());
   options.config_yaml = R"(
@@ -68,7 +47,7 @@ content: {source: generated, seed: 11}
 limits: {max_batch_rows: 4096}
 ucx: {transports: auto, net_devices: lo}
 )";
-  auto cluster = testing::ShardCluster::Start(options);
+  auto cluster = hlem::testing::ShardCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   RealClock clock;
   shard::ShardClientSetup setup;
