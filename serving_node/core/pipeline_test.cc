@@ -278,6 +278,40 @@ TEST_F(PipelineTest, AFailedFetchLeavesTheUsersKvAsItWas) {
   EXPECT_EQ(emb_->GetStats().pending_entries, 0u);
 }
 
+// No KV room: every other user holding pages is pinned. The answer says so; nothing leaks.
+TEST_F(PipelineTest, NoKvRoomIsResourceExhausted) {
+  Rng rng(8);
+  const std::vector<uint64_t> cand = Events(rng, 1);
+  for (uint64_t user : {1, 2}) {  // 1000 events = 16 pages each: the 32-page KV budget
+    ASSERT_TRUE(pipeline_->Infer(Input(user, Events(rng, 1000), cand)).ok());
+    kv_->Pin(user);
+  }
+  auto r = pipeline_->Infer(Input(3, Events(rng, 100), cand));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  for (uint64_t user : {1, 2}) ASSERT_TRUE(kv_->Unpin(user).ok());
+  EXPECT_TRUE(pipeline_->Infer(Input(3, Events(rng, 100), cand)).ok());  // room again
+  EXPECT_TRUE(kv_->CheckInvariants().ok()) << kv_->CheckInvariants();
+}
+
+// Another append of the same user stays in flight: the request retries, then answers ABORTED.
+TEST_F(PipelineTest, AnAppendThatKeepsConflictingIsAborted) {
+  Rng rng(9);
+  const std::vector<uint64_t> history = Events(rng, 10);
+  std::vector<uint64_t> tokens;
+  for (size_t j = 0; j < 10; ++j) {
+    tokens.push_back(EventToken(std::span<const uint64_t>(history).subspan(j * 2, 2)));
+  }
+  kv_->Pin(5);
+  auto other = kv_->Append(5, KvPrefix{}, tokens);
+  ASSERT_TRUE(other.ok()) << other.status();
+  auto r = pipeline_->Infer(Input(5, history, Events(rng, 1)));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted) << r.status();
+  ASSERT_TRUE(kv_->AbortAppend(5, other->prefix).ok());
+  ASSERT_TRUE(kv_->Unpin(5).ok());
+  EXPECT_TRUE(pipeline_->Infer(Input(5, history, Events(rng, 1))).ok());
+  EXPECT_TRUE(kv_->CheckInvariants().ok()) << kv_->CheckInvariants();
+}
+
 // Requests that arrive together: one model call per round, a bad request fails alone, and a
 // user's second request in the batch runs after its first and reuses its tokens.
 TEST_F(PipelineTest, ABatchAnswersEveryRequestOnce) {

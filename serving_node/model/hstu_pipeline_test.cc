@@ -4,6 +4,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/rng.h"
 #include "gtest/gtest.h"
@@ -71,15 +72,9 @@ TEST(HstuPipelineTest, ReturningUserScoresLikeAColdNode) {
   Rng rng(5);
   std::vector<uint64_t> history;
   for (int request = 0; request < 4; ++request) {
-    for (int i = 0; i < 25 + 10 * request; ++i) {
-      history.push_back(rng() % 5000);
-      history.push_back(rng() % 100);
-    }
-    std::vector<uint64_t> cand;
-    for (int c = 0; c < 6; ++c) {
-      cand.push_back(rng() % 5000);
-      cand.push_back(rng() % 100);
-    }
+    const std::vector<uint64_t> more = RandomEvents(rng, 25 + 10 * request);
+    history.insert(history.end(), more.begin(), more.end());
+    const std::vector<uint64_t> cand = RandomEvents(rng, 6);
     auto w = warm.pipeline->Infer({.user = 1, .history = history, .candidates = cand});
     ASSERT_TRUE(w.ok()) << w.status();
     Node cold(*model);
@@ -90,11 +85,7 @@ TEST(HstuPipelineTest, ReturningUserScoresLikeAColdNode) {
       EXPECT_GT(w->cached_prefix_tokens, 0u) << "request " << request;
       EXPECT_EQ(w->computed_tokens, history.size() / 2 - w->cached_prefix_tokens + 6);
     }
-    ASSERT_EQ(w->scores.size(), c->scores.size());
-    for (size_t i = 0; i < w->scores.size(); ++i) {
-      EXPECT_NEAR(w->scores[i], c->scores[i], 1e-4 * std::max(1.0f, std::abs(c->scores[i])))
-          << "request " << request << " candidate " << i;
-    }
+    testing::ExpectScoresNear(w->scores, c->scores, absl::StrCat("request ", request));
   }
 }
 
@@ -116,12 +107,7 @@ TEST(HstuPipelineTest, ABatchScoresLikeSingleRequests) {
     Node cold(*model);
     auto want = cold.pipeline->Infer(batch[i]);
     ASSERT_TRUE(want.ok()) << want.status();
-    ASSERT_EQ(got[i]->scores.size(), want->scores.size());
-    for (size_t k = 0; k < want->scores.size(); ++k) {
-      EXPECT_NEAR(got[i]->scores[k], want->scores[k],
-                  1e-4 * std::max(1.0f, std::abs(want->scores[k])))
-          << "user " << i;
-    }
+    testing::ExpectScoresNear(got[i]->scores, want->scores, absl::StrCat("user ", i));
   }
 }
 

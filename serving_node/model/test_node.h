@@ -2,7 +2,10 @@
 // Tests only: one serving node's memory system and pipeline on the cpu device (a fast link) over a
 // given model and row source, with every feature table of the model's row width.
 
+#include <algorithm>
+#include <cmath>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "common/clock.h"
@@ -46,5 +49,15 @@ struct TestNode {
   std::unique_ptr<EmbCache> emb;
   std::unique_ptr<Pipeline> pipeline;
 };
+
+// Scores of a warm node against a fresh node's, within 1e-4 relative.
+inline void ExpectScoresNear(const std::vector<float>& got, const std::vector<float>& want,
+                             const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_NEAR(got[i], want[i], 1e-4 * std::max(1.0f, std::abs(want[i])))
+        << what << " score " << i;
+  }
+}
 
 }  // namespace hlem::serving::testing

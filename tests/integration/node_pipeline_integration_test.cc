@@ -90,10 +90,7 @@ ucx: {transports: auto, net_devices: lo}
     auto want = cold.pipeline->Infer(in);
     ASSERT_TRUE(want.ok()) << want.status();
     ASSERT_EQ(got->scores.size(), 16u);
-    for (size_t i = 0; i < want->scores.size(); ++i) {
-      EXPECT_NEAR(got->scores[i], want->scores[i], 1e-4 * std::max(1.0f, std::abs(want->scores[i])))
-          << "request " << request << " score " << i;
-    }
+    testing::ExpectScoresNear(got->scores, want->scores, absl::StrCat("request ", request));
   }
   // A row past the table is the caller's error, before anything is fetched.
   auto bad = warm.pipeline->Infer({.user = 42, .history = {100000, 0}, .candidates = {1, 1}});
