@@ -252,6 +252,23 @@ KvLookupResult KvCache::Lookup(uint64_t user, std::span<const uint64_t> history)
           .pages = std::vector<PageId>(e->pages.begin(), e->pages.begin() + CeilDiv(e->len, pt))};
 }
 
+std::optional<KvLookupResult> KvCache::LookupPrefix(uint64_t user, const KvPrefix& expected,
+                                                    uint64_t requested_tokens) {
+  absl::MutexLock lock(&mu_);
+  Entry* e = Find(user);
+  if (e == nullptr || e->len != expected.len || e->hash != expected.hash) return std::nullopt;
+  Touch(e);
+  ++stats_.lookups;
+  stats_.tokens_requested += requested_tokens;
+  if (e->len > 0) ++stats_.lookup_hits;
+  stats_.tokens_reused += e->len;
+  return KvLookupResult{
+      .prefix = expected,
+      .evicted_stale = false,
+      .pages = std::vector<PageId>(e->pages.begin(),
+                                   e->pages.begin() + CeilDiv(e->len, layout_.page_tokens))};
+}
+
 void KvCache::Pin(uint64_t user) {
   absl::MutexLock lock(&mu_);
   auto& slot = users_[user];

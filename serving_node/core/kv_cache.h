@@ -169,6 +169,11 @@ class KvCache {
   // has at least C tokens and the hash of history[0:C] equals the cached hash; otherwise the
   // user's KV is evicted (kKvEvicted) and C = 0. Updates the user's last access. Never fails.
   KvLookupResult Lookup(uint64_t user, std::span<const uint64_t> history);
+  // Delta mode (the caller has only the tokens after a prefix it names): the user's cached prefix
+  // when it is exactly `expected` (length and hash), counted as a lookup of `requested_tokens`
+  // history tokens; nullopt otherwise (nothing is evicted or counted). Updates the last access.
+  std::optional<KvLookupResult> LookupPrefix(uint64_t user, const KvPrefix& expected,
+                                             uint64_t requested_tokens);
 
   // Pin count: a pinned user is never evicted, truncated or reclaimed by another operation.
   // Pinning a user without an entry creates an empty one. Unpin: FAILED_PRECONDITION when the user

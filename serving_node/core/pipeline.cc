@@ -178,6 +178,7 @@ absl::Status Pipeline::Embed(std::span<const uint64_t> ids, absl::Time deadline,
     for (size_t k = 0; k < members.size(); ++k) rows[k] = distinct[members[k]].id;
     RETURN_IF_ERROR(emb_.Lookup(table, rows, &lookup));
     if (sketch_ != nullptr) sketch_->RecordBatch(table, rows);
+    if (options_.on_lookup) options_.on_lookup(table, rows);
     info->emb_hits += lookup.hits;
     for (size_t k = 0; k < rows.size(); ++k) {
       if (lookup.offsets[k] != kEmbMiss) pool_offset[members[k]] = lookup.offsets[k];
@@ -279,51 +280,118 @@ struct Pipeline::Prepared {
   InferOutput out;
   uint64_t user = 0;
   uint64_t cached = 0;
+  KvPrefix kv_prefix;  // cached before this request
+  uint64_t first = 0;  // window start
   std::vector<float> history_emb, candidate_emb;
   std::vector<uint64_t> page_offsets;  // the user's block table
   std::optional<KvAppendResult> append;
 };
 
+uint64_t Pipeline::WindowStart(uint64_t events) const {
+  if (events <= options_.max_history) return 0;
+  const uint64_t step =
+      std::max<uint64_t>(1, static_cast<uint64_t>(options_.trim_fraction * options_.max_history));
+  return (events - options_.max_history + step - 1) / step * step;
+}
+
+void Pipeline::RememberClient(uint64_t user, const ClientState& state) {
+  absl::MutexLock lock(&clients_mu_);
+  clients_[user] = state;
+  // Users whose K/V are gone keep stale entries until a sweep; sweeps are amortised O(1).
+  if (clients_.size() > 2 * kv_.Stats().users_held + 1024) {
+    absl::erase_if(clients_, [&](const auto& kv) { return kv_.cached_len(kv.first) == 0; });
+  }
+}
+
+void Pipeline::ForgetClient(uint64_t user) {
+  absl::MutexLock lock(&clients_mu_);
+  clients_.erase(user);
+}
+
 absl::Status Pipeline::Prepare(const InferInput& in, Prepared* p) {
   RETURN_IF_ERROR(Validate(in));
   if (clock_.Now() >= in.deadline) return absl::DeadlineExceededError("deadline passed on arrival");
   const size_t F = options_.features.size();
-  const size_t H = in.history.size() / F, C_n = in.candidates.size() / F;
+  const size_t events = in.history.size() / F, C_n = in.candidates.size() / F;
 
+  // Delta mode: the events before the request's are the prefix the last answer named.
+  ClientState before;
+  if (in.delta.has_value()) {
+    bool known = false;
+    {
+      absl::MutexLock lock(&clients_mu_);
+      auto it = clients_.find(in.user);
+      if (it != clients_.end() && it->second.client == *in.delta) {
+        before = it->second;
+        known = true;
+      }
+    }
+    if (!known) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "delta: this node does not hold the prefix (length ", in.delta->len, ", hash ",
+          in.delta->hash, ") of user ", in.user, "; resend the full history"));
+    }
+  }
+  const uint64_t base = before.client.len;  // 0 in full mode
+  const uint64_t H = base + events;
   // The window: the start moves in steps, so the cached prefix survives most requests.
-  size_t first = 0;
-  if (H > options_.max_history) {
-    const size_t step =
-        std::max<size_t>(1, static_cast<size_t>(options_.trim_fraction * options_.max_history));
-    first = (H - options_.max_history + step - 1) / step * step;
+  const uint64_t first = WindowStart(H);
+  if (in.delta.has_value() && first != before.first) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "delta: the history window of user ", in.user, " moves from event ", before.first, " to ",
+        first, " (max_history ", options_.max_history, "); resend the full history"));
   }
-  const size_t Hw = H - first;
-  std::vector<uint64_t> tokens(Hw);
-  for (size_t j = 0; j < Hw; ++j) {
-    tokens[j] = EventToken(std::span<const uint64_t>(in.history).subspan((first + j) * F, F));
+  std::vector<uint64_t> event_tokens(events);
+  uint64_t client_hash = before.client.hash;
+  for (size_t j = 0; j < events; ++j) {
+    event_tokens[j] = EventToken(std::span<const uint64_t>(in.history).subspan(j * F, F));
+    client_hash = KvHashExtend(client_hash, event_tokens[j]);
   }
+  // The request's events inside the window: all of them in delta mode (base >= first).
+  const size_t skip = static_cast<size_t>(first > base ? first - base : 0);
+  const std::span<const uint64_t> tokens = std::span<const uint64_t>(event_tokens).subspan(skip);
+  const uint64_t tokens_from = base + skip - first;  // window index of tokens[0]
+  const uint64_t Hw = H - first;
 
   InferOutput& out = p->out;
   out.targets = model_.targets();
   out.history_tokens = static_cast<uint32_t>(Hw);
   out.trimmed_events = static_cast<uint32_t>(first);
+  out.next_prefix = {.len = H, .hash = client_hash};
   p->user = in.user;
+  p->first = first;
   kv_.Pin(in.user);
   absl::Cleanup release = [&] { Release(*p, /*commit=*/false); };
 
-  // Prefix and slots for the new tokens; a concurrent append of the same user makes us retry.
+  // Prefix and slots for the new tokens; a concurrent append of the same user makes a full-mode
+  // request retry.
   KvLookupResult prefix;
   for (int attempt = 0;; ++attempt) {
-    prefix = kv_.Lookup(in.user, tokens);
+    if (in.delta.has_value()) {
+      std::optional<KvLookupResult> held = kv_.LookupPrefix(in.user, before.kv, Hw);
+      if (!held.has_value()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("delta: the cached K/V of user ", in.user,
+                         " no longer hold the named prefix; resend the full history"));
+      }
+      prefix = std::move(*held);
+    } else {
+      prefix = kv_.Lookup(in.user, tokens);
+    }
     if (attempt == 0) out.stale_kv_hit = in.expected_kv_resident && prefix.prefix.len == 0;
     if (prefix.prefix.len == Hw) break;  // everything cached: nothing to append
-    absl::StatusOr<KvAppendResult> a = kv_.Append(
-        in.user, prefix.prefix, std::span<const uint64_t>(tokens).subspan(prefix.prefix.len));
+    absl::StatusOr<KvAppendResult> a =
+        kv_.Append(in.user, prefix.prefix, tokens.subspan(prefix.prefix.len - tokens_from));
     if (a.ok()) {
       p->append = std::move(*a);
       break;
     }
     if (a.status().code() != absl::StatusCode::kFailedPrecondition) return a.status();
+    if (in.delta.has_value()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("delta: a concurrent request of user ", in.user,
+                       " changed the cached K/V; resend the full history"));
+    }
     if (attempt + 1 >= options_.append_attempts) {
       return absl::AbortedError(absl::StrCat("user ", in.user, ": ", options_.append_attempts,
                                              " conflicting appends; retry"));
@@ -331,13 +399,14 @@ absl::Status Pipeline::Prepare(const InferInput& in, Prepared* p) {
     absl::SleepFor(absl::Milliseconds(1));  // the other request's append is committing
   }
   p->cached = prefix.prefix.len;
+  p->kv_prefix = prefix.prefix;
   const size_t n = Hw - p->cached;
 
   // Embeddings of the new history tokens and the candidates.
   const absl::Time emb_start = clock_.Now();
   std::vector<uint64_t> ids;
   ids.reserve((n + C_n) * F);
-  ids.insert(ids.end(), in.history.begin() + (first + p->cached) * F, in.history.end());
+  ids.insert(ids.end(), in.history.end() - n * F, in.history.end());
   ids.insert(ids.end(), in.candidates.begin(), in.candidates.end());
   RETURN_IF_ERROR(Embed(ids, in.deadline, &out, &p->history_emb, n, &p->candidate_emb));
   out.emb_seconds = clock_.Now() - emb_start;
@@ -362,13 +431,25 @@ absl::Status Pipeline::Prepare(const InferInput& in, Prepared* p) {
 }
 
 void Pipeline::Release(Prepared& p, bool commit) {
-  if (p.append.has_value()) {
-    // CommitAppend ABORTED: the user's KV was dropped meanwhile (the pinned pages stayed intact,
-    // so the scores stand); nothing is cached.
-    (void)(commit ? kv_.CommitAppend(p.user, p.append->prefix)
-                  : kv_.AbortAppend(p.user, p.append->prefix));
-    p.append.reset();
+  if (commit) {
+    // What this answer names for delta mode: the prefix the user's K/V now hold. CommitAppend
+    // ABORTED: the user's KV was dropped meanwhile (the pinned pages stayed intact, so the scores
+    // stand); nothing is cached and delta mode is off for the user.
+    KvPrefix held = p.kv_prefix;
+    bool cached = true;
+    if (p.append.has_value()) {
+      cached = kv_.CommitAppend(p.user, p.append->prefix).ok();
+      held = p.append->prefix;
+    }
+    if (cached) {
+      RememberClient(p.user, {.client = p.out.next_prefix, .first = p.first, .kv = held});
+    } else {
+      ForgetClient(p.user);
+    }
+  } else if (p.append.has_value()) {
+    (void)kv_.AbortAppend(p.user, p.append->prefix);
   }
+  p.append.reset();
   (void)kv_.Unpin(p.user);
 }
 

@@ -23,10 +23,15 @@
 // model runner (which must be).
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
+#include <span>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "serving_node/core/device.h"
@@ -51,15 +56,31 @@ struct PipelineOptions {
   double trim_fraction = 0.1;   // the window start moves in steps of this share of max_history
   absl::Duration copy_timeout = absl::Seconds(10);  // waiting for the device (a stuck link)
   int append_attempts = 3;  // Append conflicts with a concurrent request of the same user
+  // Called with every deduplicated EMB lookup batch (one table's distinct rows), e.g.
+  // ResidencyTracker::Record. Optional; must be thread-safe.
+  std::function<void(uint32_t table_id, std::span<const uint64_t> rows)> on_lookup;
+};
+
+// Names a prefix of a client's full history (before window trimming): its length in events and
+// the rolling hash (KvHashExtend) of the events' EventTokens. Clients treat it as opaque.
+struct ClientPrefix {
+  uint64_t len = 0;
+  uint64_t hash = kKvHashSeed;
+  bool operator==(const ClientPrefix&) const = default;
 };
 
 struct InferInput {
   uint64_t user = 0;
   // Feature ids, event-major: event j's feature f is history[j · F + f]; oldest event first.
+  // Full mode: the whole history. Delta mode: only the events after `delta`.
   std::vector<uint64_t> history;
   std::vector<uint64_t> candidates;  // candidate c's feature f at candidates[c · F + f]
   bool expected_kv_resident = false;
   absl::Time deadline = absl::InfiniteFuture();  // on the pipeline's clock
+  // Delta mode: the client's full history is this prefix followed by `history`. Served only when
+  // the node's last answer for the user named exactly this prefix (InferOutput::next_prefix), the
+  // user's K/V still cover it, and the window does not move.
+  std::optional<ClientPrefix> delta;
 };
 
 struct InferOutput {
@@ -72,6 +93,7 @@ struct InferOutput {
   uint64_t emb_hits = 0;              // distinct rows served by the EMB cache
   uint64_t emb_misses = 0;            // distinct rows fetched
   bool stale_kv_hit = false;          // expected resident, no usable prefix
+  ClientPrefix next_prefix;           // the client's full history including this request
   absl::Duration emb_seconds;         // lookups, fetches, copies, gather
   absl::Duration compute_seconds;     // the model
 };
@@ -92,7 +114,8 @@ class Pipeline {
   // INVALID_ARGUMENT (no or too many candidates, ragged feature ids), OUT_OF_RANGE (an id past
   // its table), DEADLINE_EXCEEDED (before any compute), RESOURCE_EXHAUSTED (no KV room: every
   // other user pinned), UNAVAILABLE (a fetch failed), ABORTED (the user's appends kept
-  // conflicting), INTERNAL (the device or the model failed).
+  // conflicting), FAILED_PRECONDITION (delta mode and the node cannot serve the named prefix:
+  // resend the full history), INTERNAL (the device or the model failed).
   absl::StatusOr<InferOutput> Infer(const InferInput& in);
   // Requests that arrived together, run through the model in one ModelRunner::Run: each is
   // prepared (steps 1-3) alone, so a bad or failing request gets its own error and the others
@@ -101,6 +124,8 @@ class Pipeline {
   std::vector<absl::StatusOr<InferOutput>> InferBatch(std::span<const InferInput> batch);
 
   const PipelineOptions& options() const { return options_; }
+  // Events left out of a full history of `events` events (the window start).
+  uint64_t WindowStart(uint64_t events) const;
 
  private:
   Pipeline(const PipelineOptions& options, KvCache& kv, EmbCache& emb, Device& device,
@@ -128,6 +153,18 @@ class Pipeline {
   Clock& clock_;
   const uint32_t dim_;
   const uint32_t row_bytes_;
+
+  // What the last answer for a user named, for delta mode: the client prefix, its window start,
+  // and the K/V prefix it left cached. Dropped lazily (a delta request checks the KV cache).
+  struct ClientState {
+    ClientPrefix client;
+    uint64_t first = 0;
+    KvPrefix kv;
+  };
+  void RememberClient(uint64_t user, const ClientState& state);
+  void ForgetClient(uint64_t user);
+  absl::Mutex clients_mu_;  // lock order: clients_mu_ → KvCache
+  absl::flat_hash_map<uint64_t, ClientState> clients_ ABSL_GUARDED_BY(clients_mu_);
 };
 
 // The KV identity of one event: a hash of its feature ids (what the rolling prefix hash chains).

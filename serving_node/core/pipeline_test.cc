@@ -242,6 +242,65 @@ TEST_F(PipelineTest, LongHistoriesAreTrimmedInSteps) {
   ExpectNear(r->scores, Expected(std::span<const uint64_t>(history).subspan(12), cand));
 }
 
+TEST_F(PipelineTest, DeltaModeSendsOnlyTheNewEvents) {
+  PipelineOptions o;
+  o.max_history = 40;
+  o.trim_fraction = 0.25;  // the window start moves 10 events at a time
+  Build(o);
+  Rng rng(21);
+  std::vector<uint64_t> history = Events(rng, 30);
+  const std::vector<uint64_t> cand = Events(rng, 3);
+  auto full = pipeline_->Infer(Input(5, history, cand));
+  ASSERT_TRUE(full.ok()) << full.status();
+  EXPECT_EQ(full->next_prefix.len, 30u);
+  // The same prefix computed by hand: the rolling hash of the events' tokens.
+  uint64_t h = kKvHashSeed;
+  for (size_t j = 0; j < 30; ++j) {
+    h = KvHashExtend(h, EventToken(std::span<const uint64_t>(history).subspan(j * 2, 2)));
+  }
+  EXPECT_EQ(full->next_prefix.hash, h);
+
+  // Delta: 5 new events after the named prefix score as the full history does.
+  std::vector<uint64_t> more = Events(rng, 5);
+  history.insert(history.end(), more.begin(), more.end());
+  InferInput delta = Input(5, more, cand);
+  delta.delta = full->next_prefix;
+  auto d = pipeline_->Infer(delta);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->cached_prefix_tokens, 30u);
+  EXPECT_EQ(d->computed_tokens, 8u);
+  ExpectNear(d->scores, Expected(history, cand));
+  auto again = pipeline_->Infer(Input(6, history, cand));  // another user, full mode
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(d->next_prefix, again->next_prefix);  // the same history names the same prefix
+
+  // An old prefix, or one the node never gave out, is FAILED_PRECONDITION.
+  delta.delta = full->next_prefix;
+  EXPECT_EQ(pipeline_->Infer(delta).status().code(), absl::StatusCode::kFailedPrecondition);
+  delta.delta = ClientPrefix{.len = 35, .hash = 1};
+  EXPECT_EQ(pipeline_->Infer(delta).status().code(), absl::StatusCode::kFailedPrecondition);
+  // Delta without new events scores the candidates over the cached history.
+  InferInput none = Input(5, {}, cand);
+  none.delta = d->next_prefix;
+  auto n = pipeline_->Infer(none);
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(n->computed_tokens, 3u);
+  ExpectNear(n->scores, Expected(history, cand));
+
+  // 10 more events would move the window: the client must resend the full history.
+  more = Events(rng, 10);
+  InferInput trim = Input(5, more, cand);
+  trim.delta = n->next_prefix;
+  auto t = pipeline_->Infer(trim);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition) << t.status();
+  EXPECT_NE(t.status().message().find("window"), std::string::npos) << t.status();
+  // Evicted K/V: the prefix is no longer held.
+  kv_->Evict(5);
+  EXPECT_EQ(pipeline_->Infer(none).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(kv_->CheckInvariants().ok()) << kv_->CheckInvariants();
+  EXPECT_EQ(kv_->Info(5).has_value() ? kv_->Info(5)->pins : 0u, 0u);
+}
+
 TEST_F(PipelineTest, BadInputsGetClearErrors) {
   Rng rng(4);
   const std::vector<uint64_t> history = Events(rng, 5), cand = Events(rng, 2);
