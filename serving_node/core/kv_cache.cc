@@ -143,12 +143,14 @@ void KvCache::Touch(Entry* e) {
   if (e->pins == 0 && !e->pages.empty()) LruPushBack(e);
 }
 
-void KvCache::Publish(ResidencyEvent::Kind kind, uint64_t user, uint64_t tokens) {
+void KvCache::Publish(ResidencyEvent::Kind kind, uint64_t user, uint64_t tokens,
+                      ResidencyEvent::Cause cause) {
   if (events_ == nullptr) return;
   ResidencyEvent event;
   event.kind = kind;
   event.user_id = user;
   event.tokens = tokens;
+  event.cause = cause;
   events_->Publish(event);
 }
 
@@ -179,21 +181,27 @@ void KvCache::DropKv(Entry* e, EvictReason reason, std::vector<PageId>* keep_pag
     return;
   }
   --stats_.users_held;
+  using Cause = ResidencyEvent::Cause;
+  Cause cause = Cause::kUnspecified;
   switch (reason) {
     case EvictReason::kLru:
       ++stats_.evictions_lru;
+      cause = Cause::kLru;
       break;
     case EvictReason::kMismatch:
       ++stats_.evictions_mismatch;
+      cause = Cause::kMismatch;
       break;
     case EvictReason::kReclaim:
       ++stats_.evictions_reclaim;
+      cause = Cause::kAlpha;
       break;
     case EvictReason::kExplicit:
       ++stats_.evictions_explicit;
+      cause = Cause::kExplicit;
       break;
   }
-  Publish(ResidencyEvent::Kind::kKvEvicted, e->user, 0);
+  Publish(ResidencyEvent::Kind::kKvEvicted, e->user, 0, cause);
   MaybeErase(e);
 }
 
@@ -484,7 +492,7 @@ std::vector<PageId> KvCache::Reclaim(uint32_t max_pages, uint32_t max_users) {
     lru_pages_ -= want;
     stats_.pages_held -= want;
     ++stats_.truncations_reclaim;
-    Publish(ResidencyEvent::Kind::kKvTruncated, v->user, v->len);
+    Publish(ResidencyEvent::Kind::kKvTruncated, v->user, v->len, ResidencyEvent::Cause::kAlpha);
   }
   stats_.pages_reclaimed += out.size();
   return out;

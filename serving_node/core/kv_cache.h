@@ -249,7 +249,8 @@ class KvCache {
   // The append in flight of `user` that reserved `appended`, or null.
   Entry* FindAppend(uint64_t user, const KvPrefix& appended) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void MaybeErase(Entry* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Publish(ResidencyEvent::Kind kind, uint64_t user, uint64_t tokens)
+  void Publish(ResidencyEvent::Kind kind, uint64_t user, uint64_t tokens,
+               ResidencyEvent::Cause cause = ResidencyEvent::Cause::kUnspecified)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Entry* Find(uint64_t user) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 

@@ -85,7 +85,7 @@ Pipeline::Pipeline(const PipelineOptions& options, KvCache& kv, EmbCache& emb, D
       dim_(model.dim()),
       row_bytes_(model.dim() * sizeof(float)) {}
 
-absl::Status Pipeline::Validate(const InferInput& in) const {
+absl::Status Pipeline::Check(const InferInput& in) const {
   const size_t F = options_.features.size();
   if (in.candidates.empty()) return absl::InvalidArgumentError("candidates: none");
   if (in.candidates.size() % F != 0 || in.history.size() % F != 0) {
@@ -309,7 +309,7 @@ void Pipeline::ForgetClient(uint64_t user) {
 }
 
 absl::Status Pipeline::Prepare(const InferInput& in, Prepared* p) {
-  RETURN_IF_ERROR(Validate(in));
+  RETURN_IF_ERROR(Check(in));
   if (clock_.Now() >= in.deadline) return absl::DeadlineExceededError("deadline passed on arrival");
   const size_t F = options_.features.size();
   const size_t events = in.history.size() / F, C_n = in.candidates.size() / F;

@@ -123,6 +123,9 @@ class Pipeline {
   // earlier one's K/V are committed (it then reuses them). results[i] answers batch[i].
   std::vector<absl::StatusOr<InferOutput>> InferBatch(std::span<const InferInput> batch);
 
+  // The checks Infer makes before any work (candidates, feature ids, ranges), with its codes.
+  absl::Status Check(const InferInput& in) const;
+
   const PipelineOptions& options() const { return options_; }
   // Events left out of a full history of `events` events (the window start).
   uint64_t WindowStart(uint64_t events) const;
@@ -132,7 +135,6 @@ class Pipeline {
            std::byte* pool, RowSource& source, ModelRunner& model, PopularitySketch* sketch,
            Clock& clock);
   struct Prepared;
-  absl::Status Validate(const InferInput& in) const;
   // Steps 1-3 of one request; on an error nothing stays pinned or reserved.
   absl::Status Prepare(const InferInput& in, Prepared* p);
   // Commits (or aborts) the request's append and unpins its user.

@@ -43,6 +43,12 @@ uint64_t ResidencyEventLog::last_seq() const {
   return next_seq_ - 1;
 }
 
+bool ResidencyEventLog::WaitPast(uint64_t seq, absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto past = [this, seq]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return next_seq_ > seq + 1; };
+  return mu_.AwaitWithTimeout(absl::Condition(&past), timeout);
+}
+
 void ResidencyEventLog::Subscribe(std::function<void(const ResidencyEvent&)> fn) {
   absl::MutexLock lock(&mu_);
   subscribers_.push_back(std::move(fn));

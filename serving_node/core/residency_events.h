@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace hlem::serving {
 
@@ -21,14 +22,32 @@ struct ResidencyEvent {
     kKvTruncated,       // user's KV lost tail pages; `tokens` is what remains
     kEmbShardResident,  // residency shard (table_id, shard) became resident
     kEmbShardEvicted,   // ... stopped being resident
+    kLoadReport,        // the node's load (periodic, also a heartbeat, or on a material change)
+  };
+  // Why a user's KV shrank or went (kKvEvicted, kKvTruncated).
+  enum class Cause : uint8_t {
+    kUnspecified,
+    kLru,       // the KV budget was full
+    kAlpha,     // pages reclaimed for the EMB side (α grew)
+    kMismatch,  // the history no longer matched the cached tokens
+    kExplicit,  // an operator or test evicted it
+  };
+  struct Load {
+    double load = 0;
+    uint32_t queue_depth = 0;
+    uint64_t in_flight_tokens = 0;
+    bool draining = false;
+    double alpha_effective = 0;
   };
   uint64_t epoch = 0;
   uint64_t seq = 0;
   Kind kind = Kind::kKvStored;
-  uint64_t user_id = 0;   // KV events
-  uint64_t tokens = 0;    // KV events
-  uint32_t table_id = 0;  // EMB events
-  uint64_t shard = 0;     // EMB events: residency shard id (row / residency_shard_rows)
+  uint64_t user_id = 0;               // KV events
+  uint64_t tokens = 0;                // KV events
+  uint32_t table_id = 0;              // EMB events
+  uint64_t shard = 0;                 // EMB events: residency shard id (row / residency_shard_rows)
+  Cause cause = Cause::kUnspecified;  // kKvEvicted, kKvTruncated
+  Load load;                          // kLoadReport
 };
 
 class ResidencyEventLog {
@@ -44,6 +63,9 @@ class ResidencyEventLog {
   uint64_t last_seq() const;
   // Called for every published event, in seq order, from the publishing thread.
   void Subscribe(std::function<void(const ResidencyEvent&)> fn);
+  // Blocks until an event with seq > `seq` exists or `timeout` passes (real time); true if one
+  // does.
+  bool WaitPast(uint64_t seq, absl::Duration timeout) const;
 
  private:
   const uint64_t epoch_;
