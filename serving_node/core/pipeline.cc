@@ -56,6 +56,9 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineOptions
                                                    " must be in 1 .. ", model.max_positions() - 1,
                                                    " (the model's positions)"));
   }
+  if (options.max_request_events < options.max_history) {
+    return absl::InvalidArgumentError("pipeline.max_request_events: must be >= max_history");
+  }
   if (!(options.trim_fraction > 0 && options.trim_fraction <= 1)) {
     return absl::InvalidArgumentError("pipeline.trim_fraction: must be in (0, 1]");
   }
@@ -91,6 +94,11 @@ absl::Status Pipeline::Check(const InferInput& in) const {
   if (in.candidates.size() % F != 0 || in.history.size() % F != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("feature ids: every event and candidate needs exactly ", F, " ids"));
+  }
+  if (in.history.size() / F > options_.max_request_events) {
+    return absl::InvalidArgumentError(absl::StrCat("history: ", in.history.size() / F,
+                                                   " events exceeds the limit ",
+                                                   options_.max_request_events));
   }
   if (in.candidates.size() / F > options_.max_candidates) {
     return absl::InvalidArgumentError(absl::StrCat("candidates: ", in.candidates.size() / F,
@@ -196,7 +204,10 @@ absl::Status Pipeline::Embed(std::span<const uint64_t> ids, absl::Time deadline,
     for (size_t k = 0; k < need.size(); ++k) fetch_rows[k] = rows[need[k]];
     fetched.push_back(std::make_shared<std::vector<std::byte>>(need.size() * row_bytes_));
     std::vector<std::byte>& buffer = *fetched.back();
-    if (absl::Status st = source_.Fetch(table, fetch_rows, buffer, deadline); !st.ok()) {
+    const absl::Time fetch_start = clock_.Now();
+    const absl::Status fetch_status = source_.Fetch(table, fetch_rows, buffer, deadline);
+    info->fetch_seconds += clock_.Now() - fetch_start;
+    if (absl::Status st = fetch_status; !st.ok()) {
       return absl::UnavailableError(
           absl::StrCat("fetching ", need.size(), " rows of table ", table, ": ", st.message()));
     }
@@ -229,6 +240,8 @@ absl::Status Pipeline::Embed(std::span<const uint64_t> ids, absl::Time deadline,
     if (!adm.rows.empty()) admitted.push_back(std::move(adm));
   }
   // The request's rows must be on the device before the gather.
+  const absl::Time copy_start = clock_.Now();
+  absl::Cleanup copy_time = [&] { info->copy_seconds += clock_.Now() - copy_start; };
   if (!copies->Wait(options_.copy_timeout)) {
     // The copies may still land; their reservations stay pending rather than risk a slot being
     // reused under a late copy.
@@ -365,6 +378,7 @@ absl::Status Pipeline::Prepare(const InferInput& in, Prepared* p) {
 
   // Prefix and slots for the new tokens; a concurrent append of the same user makes a full-mode
   // request retry.
+  const absl::Time kv_start = clock_.Now();
   KvLookupResult prefix;
   for (int attempt = 0;; ++attempt) {
     if (in.delta.has_value()) {
@@ -398,6 +412,7 @@ absl::Status Pipeline::Prepare(const InferInput& in, Prepared* p) {
     }
     absl::SleepFor(absl::Milliseconds(1));  // the other request's append is committing
   }
+  out.kv_seconds = clock_.Now() - kv_start;
   p->cached = prefix.prefix.len;
   p->kv_prefix = prefix.prefix;
   const size_t n = Hw - p->cached;
@@ -490,7 +505,9 @@ std::vector<absl::StatusOr<InferOutput>> Pipeline::InferBatch(std::span<const In
       const absl::Status st = model_.Run(steps);
       const absl::Duration compute = clock_.Now() - compute_start;
       for (size_t r : ready) {
+        const absl::Time commit_start = clock_.Now();
         Release(prepared[r], st.ok());
+        prepared[r].out.kv_seconds += clock_.Now() - commit_start;
         if (st.ok()) {
           prepared[r].out.compute_seconds = compute;
           results[round[r]] = std::move(prepared[r].out);

@@ -54,6 +54,9 @@ struct PipelineOptions {
   uint32_t max_candidates = 512;
   uint32_t max_history = 4096;  // events in the window (< the model's max_positions)
   double trim_fraction = 0.1;   // the window start moves in steps of this share of max_history
+  // Events one request may carry (full mode: the whole history; longer windows are trimmed, but
+  // a request past this is INVALID_ARGUMENT).
+  uint32_t max_request_events = 1 << 16;
   absl::Duration copy_timeout = absl::Seconds(10);  // waiting for the device (a stuck link)
   int append_attempts = 3;  // Append conflicts with a concurrent request of the same user
   // Called with every deduplicated EMB lookup batch (one table's distinct rows), e.g.
@@ -94,8 +97,11 @@ struct InferOutput {
   uint64_t emb_misses = 0;            // distinct rows fetched
   bool stale_kv_hit = false;          // expected resident, no usable prefix
   ClientPrefix next_prefix;           // the client's full history including this request
-  absl::Duration emb_seconds;         // lookups, fetches, copies, gather
-  absl::Duration compute_seconds;     // the model
+  absl::Duration emb_seconds;         // lookups, fetches, copies, gather (all of the below)
+  absl::Duration fetch_seconds;       //   fetching missed rows from the row source
+  absl::Duration copy_seconds;        //   miss copies to the device, gather, feature sums
+  absl::Duration compute_seconds;     // the model (its K/V writes into the pages included)
+  absl::Duration kv_seconds;          // KV prefix lookup, slot reservation, commit
 };
 
 class Pipeline {
@@ -127,6 +133,7 @@ class Pipeline {
   absl::Status Check(const InferInput& in) const;
 
   const PipelineOptions& options() const { return options_; }
+  uint32_t targets() const { return model_.targets(); }
   // Events left out of a full history of `events` events (the window start).
   uint64_t WindowStart(uint64_t events) const;
 

@@ -205,6 +205,15 @@ TEST_F(PipelineTest, BadInputsGetClearErrors) {
   absl::StatusOr<InferOutput> r = pipeline_->Infer(Input(1, {1000, 0}, cand));
   EXPECT_NE(r.status().message().find("history event 0 feature 0"), std::string::npos)
       << r.status();
+  PipelineOptions small;
+  small.max_history = 10;
+  small.max_request_events = 20;
+  Build(small);
+  r = pipeline_->Infer(Input(1, Events(rng, 21), cand));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("exceeds the limit 20"), std::string::npos) << r.status();
+  EXPECT_TRUE(pipeline_->Infer(Input(1, Events(rng, 20), cand)).ok());  // trimmed, not refused
+  runner_.runs = 0;
   EXPECT_EQ(runner_.runs, 0);  // nothing was computed for them
 }
 

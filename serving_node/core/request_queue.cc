@@ -121,6 +121,7 @@ void RequestQueue::WorkerLoop() {
       }
     }
     if (!inputs.empty()) {
+      if (options_.on_batch) options_.on_batch(inputs.size());
       std::vector<absl::StatusOr<InferOutput>> results = pipeline_.InferBatch(inputs);
       for (size_t k = 0; k < live.size(); ++k) batch[live[k]].done(std::move(results[k]));
     }

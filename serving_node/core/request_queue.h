@@ -29,6 +29,8 @@ struct RequestQueueOptions {
   uint32_t max_queue = 256;                             // waiting requests; beyond: overload
   absl::Duration batch_window = absl::Milliseconds(1);  // how long a batch waits to fill
   int workers = 1;                                      // concurrent batches
+  // Called with the size of every batch run through the model (metrics). Optional.
+  std::function<void(size_t)> on_batch;
 };
 
 struct RequestQueueStats {

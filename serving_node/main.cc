@@ -1,0 +1,189 @@
+// serving_node: one serving node (HSTU with exact KV reuse over one paged pool shared by the KV
+// cache and the EMB cache) on the cpu device, reading embedding rows from the shard cluster.
+// Wiring only: flags, config, shard client, node stack, services, metrics, signals.
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
+#include "common/grpc_server.h"
+#include "common/logging.h"
+#include "common/metrics.h"
+#include "embedding_shard/client/shard_client_factory.h"
+#include "serving_node/service/node_config.h"
+#include "serving_node/service/node_metrics.h"
+#include "serving_node/service/node_service.h"
+#include "serving_node/service/node_stack.h"
+#include "serving_node/service/shard_row_source.h"
+
+namespace {
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "serving_node: %s\n", std::string(status.ToString()).c_str());
+  return 2;
+}
+
+std::string CpuModel() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(colon + 2);
+    }
+  }
+  return "cpu";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"HLEM serving node"};
+  std::string config_path, listen = "127.0.0.1:0", admin_listen = "127.0.0.1:0",
+                           metrics_listen = "127.0.0.1:0", ports_file, log_level = "info", node_id;
+  app.add_option("--config", config_path, "node config YAML (node, memory, model, shards)")
+      ->required();
+  app.add_option("--node-id", node_id, "overrides node.id");
+  app.add_option("--listen", listen, "serving gRPC address (port 0 = any free port)");
+  app.add_option("--admin-listen", admin_listen, "admin gRPC address (SetAlpha, Drain, Snapshot)");
+  app.add_option("--metrics-listen", metrics_listen, "Prometheus /metrics address ('' = off)");
+  app.add_option("--ports-file", ports_file,
+                 "write 'grpc=<port>', 'admin=<port>' and 'metrics=<port>' here once serving");
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  double drain_seconds = 10;
+  app.add_option("--drain-timeout", drain_seconds,
+                 "seconds SIGTERM waits for admitted requests before stopping")
+      ->check(CLI::Range(0.0, 3600.0));
+  std::vector<std::string> shard_servers;
+  app.add_option("--shard-servers", shard_servers,
+                 "gRPC address per shard index (overrides shards.servers)")
+      ->delimiter(',');
+  CLI11_PARSE(app, argc, argv);
+
+  hlem::InstallShutdownSignals();
+  if (auto s = hlem::InitLogging({.level = log_level}); !s.ok()) return Fail(s);
+  auto log = hlem::GetLogger("serving_node");
+  auto config = hlem::serving::LoadNodeConfig(config_path);
+  if (!config.ok()) return Fail(config.status());
+  if (!node_id.empty()) config->node.node_id = node_id;
+  if (!shard_servers.empty()) {
+    if (shard_servers.size() != config->shards.map.num_shards) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--shard-servers: ", shard_servers.size(), " addresses for ",
+                       config->shards.map.num_shards, " shards")));
+    }
+    config->shard_servers = shard_servers;
+  }
+  hlem::serving::SetComputeThreads(config->compute_threads);
+
+  // Declared before everything that schedules on it, so it is destroyed last.
+  hlem::RealClock clock;
+  hlem::MetricsRegistry registry;
+  std::unique_ptr<hlem::MetricsExposer> exposer;
+  if (!metrics_listen.empty()) {
+    auto created = hlem::MetricsExposer::Create(metrics_listen, registry);
+    if (!created.ok()) return Fail(created.status());
+    exposer = std::move(*created);
+  }
+  hlem::shard::ShardClientSetup setup;
+  setup.cluster = config->shards;
+  setup.addresses = config->shard_servers;
+  setup.metrics = &registry;
+  auto transport = hlem::shard::ParseClientTransport(config->shard_transport);
+  if (!transport.ok()) return Fail(transport.status());
+  setup.transport = *transport;
+  auto client = hlem::shard::ConnectShardClient(setup, clock);
+  if (!client.ok()) return Fail(client.status());
+  hlem::serving::ShardRowSource source(**client);
+
+  // The incarnation changes with every start (start time in ns: increasing across restarts).
+  const uint64_t epoch = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
+  auto stack = hlem::serving::NodeStack::Build(*config, source, epoch, clock);
+  if (!stack.ok()) return Fail(stack.status());
+  hlem::serving::NodeStack& s = **stack;
+  hlem::serving::NodeMetrics metrics(registry, absl::ToDoubleSeconds(config->node.slo));
+  s.node->SetAnswerObserver(
+      [&metrics](const hlem::serving::NodeAnswer& a) { metrics.ObserveAnswer(a); });
+  s.Start();
+
+  hlem::serving::NodeDescription description{.device = "cpu",
+                                             .device_name = CpuModel(),
+                                             .model_name = config->model_name,
+                                             .model_layers = config->model.layers,
+                                             .model_dim = config->model.dim,
+                                             .page_tokens = s.kv->page_tokens(),
+                                             .residency_shard_rows = config->residency_shard_rows};
+  for (size_t f = 0; f < config->features.size(); ++f) {
+    description.tables.push_back({.table_id = s.features[f].table_id,
+                                  .name = config->features[f],
+                                  .rows = s.features[f].rows,
+                                  .dim = config->model.dim});
+  }
+  hlem::GrpcServerOptions server_options;
+  server_options.listen = listen;
+  server_options.admin_listen = admin_listen;
+  server_options.max_message_bytes = 64 << 20;
+  // The node drains admitted requests itself (Node::Drain below); after that the gRPC server only
+  // has responses to flush. Its shutdown otherwise waits for idle client channels to answer the
+  // GOAWAY ping, which an idle gRPC client does only at its backup poll (every 5 s).
+  server_options.drain_timeout = absl::Seconds(1);
+  auto service = std::make_unique<hlem::serving::ServingNodeServiceImpl>(*s.node, description);
+  hlem::serving::ServingNodeAdminImpl admin(*s.node);
+  auto server = hlem::GrpcServer::Create(server_options, {service.get()}, {&admin});
+  if (!server.ok()) return Fail(server.status());
+  service->SetAdminPort(static_cast<uint32_t>((*server)->admin_port()));
+
+  // Gauges and cumulative counters into Prometheus once a second.
+  absl::Mutex refresh_mu;
+  bool refreshing = true;
+  std::thread refresher([&] {
+    absl::MutexLock lock(&refresh_mu);
+    auto stopped = [&refreshing] { return !refreshing; };
+    do {
+      metrics.Refresh(*s.node);
+    } while (!refresh_mu.AwaitWithTimeout(absl::Condition(&stopped), absl::Seconds(1)));
+  });
+
+  if (!ports_file.empty()) {
+    std::string tmp = ports_file + ".tmp";
+    {
+      std::ofstream out(tmp);
+      out << "grpc=" << (*server)->port() << "\n"
+          << "admin=" << (*server)->admin_port() << "\n"
+          << "metrics=" << (exposer ? exposer->port() : 0) << "\n";
+    }
+    std::rename(tmp.c_str(), ports_file.c_str());
+  }
+  log->info(
+      "serving node={} epoch={} grpc_port={} admin_port={} metrics_port={} pool_bytes={} "
+      "alpha={} model={}",
+      config->node.node_id, epoch, (*server)->port(), (*server)->admin_port(),
+      exposer ? exposer->port() : 0, config->pool_bytes, config->memory.initial_alpha,
+      config->model_name);
+
+  const absl::Duration drain_timeout = absl::Seconds(drain_seconds);
+  hlem::WaitForShutdownSignal();
+  log->info("shutdown_begin node={}", config->node.node_id);
+  // Drain: refuse new requests, let admitted ones finish, then stop the server.
+  const hlem::serving::DrainResult drained =
+      s.node->Drain(/*wait=*/true, absl::Now() + drain_timeout);
+  log->info("drain_done node={} drained={}", config->node.node_id, drained.drained);
+  service->Stop();
+  (*server)->Shutdown();
+  log->info("server_stopped node={}", config->node.node_id);
+  {
+    absl::MutexLock lock(&refresh_mu);
+    refreshing = false;
+  }
+  refresher.join();
+  log->info("shutdown_done node={} drained={} in_flight={}", config->node.node_id, drained.drained,
+            drained.in_flight_requests);
+  return 0;
+}

@@ -1,0 +1,67 @@
+#pragma once
+// The serving node's YAML config (one file per node; example with every field: deploy/local/
+// node.yaml, reference: docs/node.md). It names the embedding-shard cluster config it reads rows
+// from, so the node and the shards agree on tables. Every error names the field.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "embedding_shard/core/shard_config.h"
+#include "serving_node/core/emb_replacement_policy.h"
+#include "serving_node/core/emulated_link.h"
+#include "serving_node/core/memory_manager.h"
+#include "serving_node/core/node.h"
+#include "serving_node/core/refill.h"
+#include "serving_node/core/request_queue.h"
+#include "serving_node/model/hstu_config.h"
+
+namespace YAML {
+class Node;
+}
+
+namespace hlem::serving {
+
+struct NodeConfig {
+  NodeOptions node;  // id, SLO, windows, admission, load reports
+  std::string device = "cpu";
+  uint64_t pool_bytes = 256ull << 20;
+  uint64_t page_bytes = 256 << 10;
+  LinkOptions link;  // the cpu device's emulated host-to-device link
+  MemoryManagerOptions memory;
+  EmbPolicy emb_policy = EmbPolicy::kTinyLfu;
+  uint64_t residency_shard_rows = 4096;
+  double residency_threshold = 0.5;
+  uint32_t popularity_capacity = 65536;
+  bool refill_enabled = true;
+  RefillOptions refill;
+  RequestQueueOptions queue;
+  uint32_t compute_threads = 1;  // torch intra-op threads (and OMP_NUM_THREADS)
+  uint64_t events_retained = 1 << 20;
+
+  // Model.
+  HstuConfig model;
+  std::string weights;  // torch.save state dict; "" = random from model_seed
+  uint64_t model_seed = 1;
+  std::string model_name;
+  std::vector<std::string> features;  // shard table names, in feature order
+  uint32_t max_history = 1024;
+  uint32_t max_candidates = 512;
+  uint32_t max_request_events = 1 << 16;  // events in one request; more is INVALID_ARGUMENT
+  double trim_fraction = 0.1;
+
+  // Embedding shards.
+  std::string shards_config;  // path; relative to the node config's directory
+  shard::ShardClusterConfig shards;
+  std::string shard_transport = "grpc";    // grpc | ucx
+  std::vector<std::string> shard_servers;  // overrides the cluster config's servers
+};
+
+// INVALID_ARGUMENT "config: <field>: <problem>; ..." listing every problem. `base_dir` resolves a
+// relative shards.config path; the shard cluster config is loaded too.
+absl::StatusOr<NodeConfig> ParseNodeConfig(const YAML::Node& root, const std::string& base_dir);
+absl::StatusOr<NodeConfig> LoadNodeConfig(const std::string& path);
+
+}  // namespace hlem::serving

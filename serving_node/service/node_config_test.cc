@@ -1,0 +1,73 @@
+#include "serving_node/service/node_config.h"
+
+#include <fstream>
+#include <string>
+
+#include "common/config.h"
+#include "gtest/gtest.h"
+
+namespace hlem::serving {
+namespace {
+
+TEST(NodeConfigTest, TheLocalProfileParses) {
+  auto c = LoadNodeConfig(std::string(HLEM_SOURCE_DIR) + "/deploy/local/node.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->node.node_id, "node-0");
+  EXPECT_EQ(c->node.slo, absl::Milliseconds(50));
+  EXPECT_EQ(c->pool_bytes, 256ull << 20);
+  EXPECT_EQ(c->features.size(), 2u);
+  EXPECT_EQ(c->shards.tables.size(), 3u);
+  EXPECT_EQ(c->model.dim, 64u);
+  EXPECT_EQ(c->max_history, 512u);
+  EXPECT_EQ(c->queue.max_batch, 16u);
+}
+
+// Writes a node config next to the local shard config and parses it.
+absl::StatusOr<NodeConfig> Parse(const std::string& yaml) {
+  auto root = ParseYaml(yaml);
+  if (!root.ok()) return root.status();
+  return ParseNodeConfig(*root, std::string(HLEM_SOURCE_DIR) + "/deploy/local");
+}
+
+constexpr char kMinimal[] = R"(
+model: {features: [item_id]}
+shards: {config: shards.yaml}
+)";
+
+TEST(NodeConfigTest, DefaultsFillTheRest) {
+  auto c = Parse(kMinimal);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->shard_transport, "grpc");
+  EXPECT_EQ(c->model_name, "hstu-random-1");
+}
+
+TEST(NodeConfigTest, ErrorsNameTheField) {
+  auto expect_error = [](const std::string& yaml, const std::string& field) {
+    auto c = Parse(yaml);
+    ASSERT_FALSE(c.ok()) << yaml;
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(c.status().message().find(field), std::string::npos) << c.status();
+  };
+  expect_error("shards: {config: shards.yaml}\n", "model");
+  expect_error("model: {features: [nope]}\nshards: {config: shards.yaml}\n",
+               "model.features[0]: no table 'nope'");
+  // The action table is bf16: the model reads fp32 rows.
+  expect_error("model: {features: [action]}\nshards: {config: shards.yaml}\n",
+               "model.features[0]: table 'action'");
+  expect_error(std::string(kMinimal) + "memory: {initial_alpha: 1.5}\n", "memory.initial_alpha");
+  expect_error(std::string(kMinimal) + "memory: {pool_bytes: 1MiB, page_bytes: 1MiB}\n",
+               "memory.page_bytes");
+  expect_error(std::string(kMinimal) + "node: {slo: fast}\n", "node.slo");
+  expect_error(std::string(kMinimal) + "queue: {max_batch: 0}\n", "queue.max_batch");
+  expect_error(std::string(kMinimal) + "node: {colour: blue}\n", "node.colour");
+  expect_error(
+      "model: {features: [item_id], max_history: 2000, max_positions: 1024}\n"
+      "shards: {config: shards.yaml}\n",
+      "model.max_history");
+  expect_error("model: {features: [item_id]}\nshards: {config: missing.yaml}\n", "shards.config");
+  expect_error("model: {features: [item_id]}\nshards: {config: shards.yaml, transport: smoke}\n",
+               "shards.transport");
+}
+
+}  // namespace
+}  // namespace hlem::serving
