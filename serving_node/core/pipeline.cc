@@ -230,12 +230,29 @@ absl::Status Pipeline::Embed(std::span<const uint64_t> ids, absl::Time deadline,
     // the fetched bytes without being cached.
     (void)emb_.ReserveBatch(table, miss_rows, &reservation);
     Admitted adm{table, {}};
-    for (uint32_t r : reservation.reserved_positions) {
-      const size_t k = miss_at[r];
-      adm.rows.push_back(miss_rows[r]);
+    // One copy per run of consecutive slots (a fresh slab hands out consecutive slots), from a
+    // staging buffer in slot order: every copy pays the link's per-transfer latency.
+    std::vector<uint32_t> order(reservation.reserved_positions.begin(),
+                                reservation.reserved_positions.end());
+    std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+      return reservation.offsets[a] < reservation.offsets[b];
+    });
+    auto staging = std::make_shared<std::vector<std::byte>>(order.size() * row_bytes_);
+    for (size_t i = 0; i < order.size(); ++i) {
+      adm.rows.push_back(miss_rows[order[i]]);
+      std::memcpy(staging->data() + i * row_bytes_, buffer.data() + miss_at[order[i]] * row_bytes_,
+                  row_bytes_);
+    }
+    for (size_t begin = 0, i = 1; i <= order.size(); ++i) {
+      if (i < order.size() &&
+          reservation.offsets[order[i]] == reservation.offsets[order[i - 1]] + row_bytes_ &&
+          (i - begin) * row_bytes_ < options_.max_copy_bytes) {
+        continue;
+      }
       device_.CopyToPool(CopyClass::kCritical, CopyPurpose::kEmbMiss,
-                         buffer.data() + k * row_bytes_, reservation.offsets[r], row_bytes_,
-                         copies->Add(fetched.back()));
+                         staging->data() + begin * row_bytes_, reservation.offsets[order[begin]],
+                         (i - begin) * row_bytes_, copies->Add(staging));
+      begin = i;
     }
     if (!adm.rows.empty()) admitted.push_back(std::move(adm));
   }

@@ -58,6 +58,7 @@ struct PipelineOptions {
   // a request past this is INVALID_ARGUMENT).
   uint32_t max_request_events = 1 << 16;
   absl::Duration copy_timeout = absl::Seconds(10);  // waiting for the device (a stuck link)
+  uint64_t max_copy_bytes = 1 << 20;  // largest single miss copy (runs of consecutive slots)
   int append_attempts = 3;  // Append conflicts with a concurrent request of the same user
   // Called with every deduplicated EMB lookup batch (one table's distinct rows), e.g.
   // ResidencyTracker::Record. Optional; must be thread-safe.
