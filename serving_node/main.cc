@@ -45,6 +45,7 @@ std::string CpuModel() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const std::string compute_note = hlem::serving::TuneComputeProcess(argv);  // may re-exec
   CLI::App app{"HLEM serving node"};
   std::string config_path, listen = "127.0.0.1:0", admin_listen = "127.0.0.1:0",
                            metrics_listen = "127.0.0.1:0", ports_file, log_level = "info", node_id;
@@ -70,6 +71,7 @@ int main(int argc, char** argv) {
   hlem::InstallShutdownSignals();
   if (auto s = hlem::InitLogging({.level = log_level}); !s.ok()) return Fail(s);
   auto log = hlem::GetLogger("serving_node");
+  log->info("compute: {}", compute_note);
   auto config = hlem::serving::LoadNodeConfig(config_path);
   if (!config.ok()) return Fail(config.status());
   if (!node_id.empty()) config->node.node_id = node_id;

@@ -328,6 +328,22 @@ TEST_F(PipelineTest, QueueBatchesConcurrentRequests) {
   EXPECT_EQ(runner_.runs, 40);
 }
 
+// A lone request at low load does not wait out the batch window; with the adaptive window off it
+// does.
+TEST_F(PipelineTest, AdaptiveWindowSkipsTheWaitAtLowLoad) {
+  Rng rng(9);
+  for (bool adaptive : {true, false}) {
+    auto queue = *RequestQueue::Create(
+        {.max_batch = 8, .batch_window = absl::Milliseconds(50), .adaptive_window = adaptive},
+        *pipeline_, clock_);
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(queue->Infer(Input(1, Events(rng, 4), Events(rng, 1))).ok());
+      absl::SleepFor(absl::Milliseconds(60));  // arrivals further apart than the window
+    }
+    EXPECT_EQ(queue->stats().windows_waited, adaptive ? 0u : 3u) << adaptive;
+  }
+}
+
 // Overload, deadlines while queued and draining: each request still gets exactly one answer.
 TEST_F(PipelineTest, QueueOverloadDeadlinesAndDrain) {
   auto queue = *RequestQueue::Create({.max_batch = 1, .max_queue = 2, .batch_window = {}},

@@ -44,6 +44,13 @@ void RequestQueue::Submit(InferInput in, Done done) {
       rejected = absl::ResourceExhaustedError(
           absl::StrCat("the node's queue is full (", options_.max_queue, " requests)"));
     } else {
+      // Inter-arrival gap, smoothed over the last few requests (adaptive batch window).
+      const absl::Time now = absl::Now();
+      if (last_arrival_ != absl::InfinitePast()) {
+        const absl::Duration gap = now - last_arrival_;
+        gap_ewma_ = gap_ewma_ == absl::InfiniteDuration() ? gap : gap_ewma_ * 0.75 + gap * 0.25;
+      }
+      last_arrival_ = now;
       queue_.push_back(Item{std::move(in), std::move(done)});
       return;
     }
@@ -96,7 +103,11 @@ void RequestQueue::WorkerLoop() {
       auto full = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
         return queue_.size() >= options_.max_batch || draining_ || stopping_;
       };
-      if (options_.batch_window > absl::ZeroDuration()) {
+      // Adaptive: wait only when requests arrive often enough for another one to be expected
+      // within the window; a lone request at low load runs at once.
+      const bool expect_more = !options_.adaptive_window || gap_ewma_ < options_.batch_window;
+      if (options_.batch_window > absl::ZeroDuration() && expect_more && !full()) {
+        ++stats_.windows_waited;
         mu_.AwaitWithTimeout(absl::Condition(&full), options_.batch_window);
       }
       while (!queue_.empty() && batch.size() < options_.max_batch) {

@@ -1,7 +1,8 @@
 #pragma once
 // The queue in front of the node pipeline (issue 4): requests that arrive together are run as one
 // Pipeline::InferBatch. A worker takes the oldest request, waits up to `batch_window` for more (or
-// until `max_batch` are there), and runs them; requests whose deadline passed while queued are
+// until `max_batch` are there; only while requests arrive that often: adaptive_window), and runs
+// them; requests whose deadline passed while queued are
 // answered DEADLINE_EXCEEDED without compute. A full queue answers RESOURCE_EXHAUSTED at once;
 // after Drain every new request is answered UNAVAILABLE and the admitted ones still finish. Every
 // submitted request gets exactly one answer.
@@ -28,6 +29,9 @@ struct RequestQueueOptions {
   uint32_t max_batch = 16;                              // requests per model call
   uint32_t max_queue = 256;                             // waiting requests; beyond: overload
   absl::Duration batch_window = absl::Milliseconds(1);  // how long a batch waits to fill
+  // Wait for the batch to fill only while requests arrive less than batch_window apart (smoothed
+  // inter-arrival gap); at low load a request runs at once instead of waiting the window out.
+  bool adaptive_window = true;
   int workers = 1;                                      // concurrent batches
   // Called with the size of every batch run through the model (metrics). Optional.
   std::function<void(size_t)> on_batch;
@@ -40,6 +44,7 @@ struct RequestQueueStats {
   uint64_t expired = 0;            // DEADLINE_EXCEEDED while queued
   uint64_t batches = 0;
   uint64_t batched_requests = 0;  // requests run in those batches
+  uint64_t windows_waited = 0;    // batches that waited for the batch window
   uint64_t depth = 0;             // now
 };
 
@@ -80,6 +85,8 @@ class RequestQueue {
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   RequestQueueStats stats_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_arrival_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Duration gap_ewma_ ABSL_GUARDED_BY(mu_) = absl::InfiniteDuration();
   std::vector<std::thread> workers_;
 };
 

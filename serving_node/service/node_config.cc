@@ -78,6 +78,7 @@ absl::StatusOr<NodeConfig> ParseNodeConfig(const YAML::Node& root, const std::st
     U32(r, "max_batch", &c.queue.max_batch, 1, 4096);
     U32(r, "max_queue", &c.queue.max_queue, 1, 1 << 24);
     r.Duration("batch_window", &c.queue.batch_window, absl::ZeroDuration(), absl::Seconds(1))
+        .Bool("adaptive_window", &c.queue.adaptive_window)
         .Int("workers", &workers, 1, 256);
     c.queue.workers = static_cast<int>(workers);
   });

@@ -1,5 +1,10 @@
 #include "serving_node/service/node_stack.h"
 
+#include <dlfcn.h>
+#include <malloc.h>
+#include <strings.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <string>
 
@@ -99,6 +104,32 @@ NodeStack::~NodeStack() {
   if (queue != nullptr) queue->Drain();
   if (memory != nullptr) memory->Stop();
   if (refiller != nullptr) refiller->Cancel();
+}
+
+std::string TuneComputeProcess(char** argv) {
+  mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  using CoreName = char* (*)();
+  const auto corename = reinterpret_cast<CoreName>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+  if (corename == nullptr) return "openblas not loaded";
+  const std::string core = corename();
+  if (const char* forced = std::getenv("OPENBLAS_CORETYPE"); forced != nullptr) {
+    return absl::StrCat("openblas core ", core, " (OPENBLAS_CORETYPE=", forced, ")");
+  }
+  if (strcasecmp(core.c_str(), "prescott") != 0) return absl::StrCat("openblas core ", core);
+  __builtin_cpu_init();
+  const char* better = nullptr;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+    better = "SkylakeX";
+  } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    better = "Haswell";
+  }
+  if (better == nullptr || argv == nullptr) return absl::StrCat("openblas core ", core);
+  setenv("OPENBLAS_CORETYPE", better, /*overwrite=*/1);
+  execv("/proc/self/exe", argv);
+  // exec failed: carry on with the generic kernels.
+  return absl::StrCat("openblas core ", core, " (re-exec with ", better, " failed)");
 }
 
 void SetComputeThreads(uint32_t threads) {

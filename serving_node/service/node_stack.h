@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -57,6 +58,16 @@ struct NodeStack {
   std::unique_ptr<RequestQueue> queue;
   std::unique_ptr<Node> node;
 };
+
+// Process settings for the model's CPU compute; call first thing in main(), before any thread
+// starts. (1) glibc malloc keeps freed memory (mmap threshold 256 MiB, trim threshold 1 GiB): the
+// model's per-request temporaries of a few MiB were otherwise returned to the OS and faulted in
+// again on every request (the cold 512-token forward took 2× as long). (2) When OpenBLAS fell back
+// to its generic "Prescott" kernels because it did not recognise the CPU (virtual machines
+// reporting a generic model) while the CPU has AVX-512 or AVX2, sets OPENBLAS_CORETYPE to
+// SkylakeX or Haswell and re-executes the process (OpenBLAS picks its kernels when it loads, before
+// main). Returns a line for the log saying what was done.
+std::string TuneComputeProcess(char** argv);
 
 // The process-wide compute threads of the model (torch intra-op; OMP_NUM_THREADS and
 // OMP_WAIT_POLICY=PASSIVE are set when absent, so call it before the first torch operation).
