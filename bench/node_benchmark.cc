@@ -135,8 +135,8 @@ struct Row {
 }  // namespace hlem::bench
 
 int main(int argc, char** argv) {
-  using namespace hlem;         // NOLINT
-  using namespace hlem::bench;  // NOLINT
+  using namespace hlem;                                                // NOLINT
+  using namespace hlem::bench;                                         // NOLINT
   const std::string compute_note = serving::TuneComputeProcess(argv);  // may re-exec
   const Args args = Parse(argc, argv);
   auto config = serving::LoadNodeConfig(args.config);
@@ -293,12 +293,6 @@ int main(int argc, char** argv) {
     std::printf("%-9s %5u %6u %5u | %12.3f %14.3f %6.1fx | %12.3f\n", row.scenario.c_str(),
                 row.length, row.cached, row.fresh, c, ref, ref / c, Quantile(in_node, 0.5));
   }
-  const serving::NodeWindow w = node.node->CloseWindow();
-  std::printf(
-      "\nnode window: %llu requests, EMB hit rate %.3f, KV hit rate %.3f, link utilisation "
-      "%.4f\n",
-      static_cast<unsigned long long>(w.requests), w.emb_hit_rate, w.kv_hit_rate,
-      w.link_utilization_ratio);
   stack->reset();
   return 0;
 }

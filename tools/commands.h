@@ -10,5 +10,6 @@ namespace hlem::tools {
 using Run = std::function<int()>;
 void RegisterTableCommands(CLI::App& app, Run* run);
 void RegisterShardCommands(CLI::App& app, Run* run);
+void RegisterNodeCommands(CLI::App& app, Run* run);
 
 }  // namespace hlem::tools

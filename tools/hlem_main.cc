@@ -1,5 +1,6 @@
-// hlem: HLEM's command-line tools (table files, shard reads; later workload, loadgen, cluster,
-// sim, eval). Exit codes: 0 success, 1 the operation failed, 2 bad usage or input.
+// hlem: HLEM's command-line tools (table files, shard reads, serving nodes; later workload,
+// loadgen, cluster, sim, eval). Exit codes: 0 success, 1 the operation failed, 2 bad usage or
+// input.
 #include <cstdio>
 
 #include "common/logging.h"
@@ -11,6 +12,7 @@ int main(int argc, char** argv) {
   hlem::tools::Run run;
   hlem::tools::RegisterTableCommands(app, &run);
   hlem::tools::RegisterShardCommands(app, &run);
+  hlem::tools::RegisterNodeCommands(app, &run);
   CLI11_PARSE(app, argc, argv);
   if (auto s = hlem::InitLogging({.level = "warn"}); !s.ok()) return 2;
   return run ? run() : 2;

@@ -409,7 +409,11 @@ absl::Status Pipeline::Prepare(const InferInput& in, Prepared* p) {
     } else {
       prefix = kv_.Lookup(in.user, tokens);
     }
-    if (attempt == 0) out.stale_kv_hit = in.expected_kv_resident && prefix.prefix.len == 0;
+    // Stale: the router believed the user's K/V were here and the node held none. A prefix the
+    // node held but could not use (an edited history, a moved window) is not the router's error.
+    if (attempt == 0) {
+      out.stale_kv_hit = in.expected_kv_resident && prefix.prefix.len == 0 && !prefix.evicted_stale;
+    }
     if (prefix.prefix.len == Hw) break;  // everything cached: nothing to append
     absl::StatusOr<KvAppendResult> a =
         kv_.Append(in.user, prefix.prefix, tokens.subspan(prefix.prefix.len - tokens_from));

@@ -59,7 +59,7 @@ struct PipelineOptions {
   uint32_t max_request_events = 1 << 16;
   absl::Duration copy_timeout = absl::Seconds(10);  // waiting for the device (a stuck link)
   uint64_t max_copy_bytes = 1 << 20;  // largest single miss copy (runs of consecutive slots)
-  int append_attempts = 3;  // Append conflicts with a concurrent request of the same user
+  int append_attempts = 3;            // Append conflicts with a concurrent request of the same user
   // Called with every deduplicated EMB lookup batch (one table's distinct rows), e.g.
   // ResidencyTracker::Record. Optional; must be thread-safe.
   std::function<void(uint32_t table_id, std::span<const uint64_t> rows)> on_lookup;

@@ -32,7 +32,7 @@ struct RequestQueueOptions {
   // Wait for the batch to fill only while requests arrive less than batch_window apart (smoothed
   // inter-arrival gap); at low load a request runs at once instead of waiting the window out.
   bool adaptive_window = true;
-  int workers = 1;                                      // concurrent batches
+  int workers = 1;  // concurrent batches
   // Called with the size of every batch run through the model (metrics). Optional.
   std::function<void(size_t)> on_batch;
 };
