@@ -107,10 +107,11 @@ int main(int argc, char** argv) {
 
   // The incarnation changes with every start (start time in ns: increasing across restarts).
   const uint64_t epoch = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
+  hlem::serving::NodeMetrics metrics(registry, absl::ToDoubleSeconds(config->node.slo));
+  config->queue.on_batch = [&metrics](size_t requests) { metrics.ObserveBatch(requests); };
   auto stack = hlem::serving::NodeStack::Build(*config, source, epoch, clock);
   if (!stack.ok()) return Fail(stack.status());
   hlem::serving::NodeStack& s = **stack;
-  hlem::serving::NodeMetrics metrics(registry, absl::ToDoubleSeconds(config->node.slo));
   s.node->SetAnswerObserver(
       [&metrics](const hlem::serving::NodeAnswer& a) { metrics.ObserveAnswer(a); });
   s.Start();

@@ -60,7 +60,7 @@ shards: {config: shards.yaml, transport: grpc}
 
 struct NodeProcess {
   testing::ChildProcess process;
-  int port = 0, admin_port = 0;
+  int port = 0, admin_port = 0, metrics_port = 0;
   std::unique_ptr<v1::ServingNode::Stub> stub;
   std::unique_ptr<v1::ServingNodeAdmin::Stub> admin;
 };
@@ -78,8 +78,11 @@ absl::StatusOr<NodeProcess> StartNode(const std::string& dir, const std::string&
   if (!port.ok()) return port.status();
   auto admin = testing::WaitForPort(ports, "admin", absl::Seconds(5), &n.process);
   if (!admin.ok()) return admin.status();
+  auto metrics = testing::WaitForPort(ports, "metrics", absl::Seconds(5), &n.process);
+  if (!metrics.ok()) return metrics.status();
   n.port = *port;
   n.admin_port = *admin;
+  n.metrics_port = *metrics;
   n.stub = v1::ServingNode::NewStub(MakeChannel(absl::StrCat("127.0.0.1:", n.port)));
   n.admin = v1::ServingNodeAdmin::NewStub(MakeChannel(absl::StrCat("127.0.0.1:", n.admin_port)));
   return n;
@@ -89,6 +92,20 @@ grpc::Status Infer(NodeProcess& n, const v1::InferRequest& req, v1::InferRespons
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
   return n.stub->Infer(&ctx, req, resp);
+}
+
+// Plain HTTP GET of /metrics.
+std::string Scrape(int port) {
+  const std::string cmd = absl::StrCat("exec 3<>/dev/tcp/127.0.0.1/", port,
+                                       "; printf 'GET /metrics HTTP/1.0\\r\\n\\r\\n' >&3; cat <&3");
+  std::string body;
+  FILE* p = popen(absl::StrCat("bash -c \"", cmd, "\"").c_str(), "r");
+  if (p == nullptr) return body;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) body.append(buf, n);
+  pclose(p);
+  return body;
 }
 
 void AddEvents(Rng& rng, int n, v1::InferRequest* r) {
@@ -171,6 +188,12 @@ TEST_F(NodeServiceIntegrationTest, ReturningUserComputesOnlyNewTokensAndScoresLi
   EXPECT_EQ(requests, 3u);
   EXPECT_GT(weighted_hits, 0.0);
   EXPECT_EQ(state.current().kv_resident_users(), 1u);
+  const std::string metrics = Scrape(warm->metrics_port);
+  for (const char* line :
+       {"hlem_node_requests_total{code=\"OK\"} 3", "hlem_node_kv_tokens_total{kind=\"reused\"} 120",
+        "hlem_node_batch_size_count 3", "hlem_node_alpha{kind=\"effective\"} 0.5"}) {
+    EXPECT_NE(metrics.find(line), std::string::npos) << line << "\n" << metrics.substr(0, 3000);
+  }
   EXPECT_EQ(warm->process.Stop(), 0);  // SIGTERM: drain, exit 0
   EXPECT_EQ(reused, 120u);
 }
