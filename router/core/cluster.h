@@ -1,0 +1,161 @@
+#pragma once
+// The router's view of the serving nodes (ARCHITECTURE §6) and the routing decision over it,
+// without RPC: the router service feeds it the nodes' residency streams and calls Route per
+// request; the simulator and the tests drive it on a SimClock.
+//
+// Per node: KVM[n] (a KvFilter of users whose K/V the node reported stored, plus the speculative
+// belief written at dispatch — kept per user, for the user's last dispatch — that counts as
+// resident until `speculative_ttl` passes or an event confirms or removes it), EMBM[n] (resident
+// residency shards, kept as a reverse map shard → node bitset so h_emb of every node costs |Prof|
+// lookups), the view state (exact / degraded / unreachable), the last load report and the router's
+// own dispatches since it.
+//
+// Load: l(n) = min(1, reported load + dispatches since that report ÷ in_flight_capacity), so a
+// burst between two reports does not herd onto one node; 1 when the last report is older than
+// `max_report_age`, when the node drains, or while the view is degraded (saturated: routable only
+// when every node is). Unreachable nodes receive nothing.
+//
+// Per user: Prof[u] (top-K residency shards, profile.h), Aff[u] (the last node chosen) and the
+// speculative entry, in a bounded cache (least recently used users are dropped).
+//
+// Residency protocol: Apply() takes one event of a node's stream and checks (epoch, seq): the
+// next seq of the current epoch is applied; an older seq is ignored (a replay overlap); a gap or a
+// new epoch returns FAILED_PRECONDITION and marks the view degraded: the caller replays from
+// last_seq + 1 or resets from a snapshot (Reset), which also sizes the node's filter for its users.
+// Thread-safe (one mutex; Route holds it for O(nodes + |Prof|·nodes/64)).
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "common/rng.h"
+#include "router/core/kv_filter.h"
+#include "router/core/policy.h"
+#include "router/core/profile.h"
+#include "serving_node/core/residency_events.h"
+#include "serving_node/core/residency_state.h"
+
+namespace hlem::router {
+
+enum class NodeView : uint8_t { kExact, kDegraded, kUnreachable };
+const char* NodeViewName(NodeView view);
+
+struct ClusterOptions {
+  PolicyKind policy = PolicyKind::kHlem;
+  ScorerOptions scorer;
+  uint32_t max_nodes = 256;
+  uint32_t profile_top_k = 20;
+  std::vector<FeatureShards> features;  // of the model's feature tables, in feature_ids order
+  absl::Duration speculative_ttl = absl::Seconds(2);
+  absl::Duration max_report_age = absl::Seconds(3);
+  double in_flight_capacity = 64;    // dispatches since a report that make a node fully loaded
+  size_t kv_filter_capacity = 8192;  // users per node until a snapshot says more
+  size_t user_cache_capacity = 1 << 17;
+  uint64_t seed = 1;  // tie-breaking
+};
+
+// What one Route saw and chose.
+struct RouteResult {
+  Decision decision;
+  std::string node_id;  // empty when no node was chosen
+  uint32_t routable_nodes = 0;
+};
+
+// The router's per-node state, for GetRoutingState and metrics.
+struct NodeStatus {
+  int index = -1;
+  std::string id, address;
+  NodeView view = NodeView::kDegraded;
+  uint64_t epoch = 0, last_seq = 0;
+  double load = 1, reported_load = 1;
+  absl::Duration report_age = absl::InfiniteDuration();
+  uint32_t in_flight = 0;
+  bool draining = false;
+  uint64_t resident_users = 0, speculative_users = 0, resident_shards = 0, dispatches = 0;
+};
+
+struct ClusterStats {
+  uint64_t events_applied = 0, events_ignored = 0, gaps = 0, epoch_resets = 0, snapshots = 0;
+  uint64_t filter_full = 0;  // stored users the filter could not hold (the view went degraded)
+  uint64_t cached_profiles = 0;
+  uint64_t index_bytes = 0;  // KV filters + speculative entries + EMB reverse map + user cache
+};
+
+class Cluster {
+ public:
+  // INVALID_ARGUMENT naming the field for bad options (weights, τ, ε, zero sizes, no features).
+  static absl::StatusOr<std::unique_ptr<Cluster>> Create(const ClusterOptions& options,
+                                                         Clock& clock);
+  ~Cluster();
+
+  // Membership. AddNode returns the node's index (stable until RemoveNode); ALREADY_EXISTS for a
+  // known id, RESOURCE_EXHAUSTED beyond max_nodes. A new node is degraded until its first Reset.
+  absl::StatusOr<int> AddNode(const std::string& id, const std::string& address);
+  void RemoveNode(int node);
+  int FindNode(const std::string& id) const;  // -1 when unknown
+
+  // Residency stream (see the class comment).
+  absl::Status Apply(int node, const serving::ResidencyEvent& event);
+  void Reset(int node, const serving::ResidencySnapshot& snapshot);
+  void SetUnreachable(int node);
+
+  // Chooses a node for the user and records the dispatch (speculative KV entry, affinity,
+  // in-flight). `history` is the request's feature ids (event-major): the whole history, or with
+  // `delta` only the new events (the cached profile is extended). `exclude` lists node indices not
+  // to choose (a retry). Call Completed(node) when the node answered.
+  RouteResult Route(uint64_t user, std::span<const uint64_t> history, bool delta,
+                    std::span<const int> exclude = {});
+  void Completed(int node);
+  // The node answered that it held no K/V of the user: drop the speculative belief.
+  void Forget(int node, uint64_t user);
+
+  std::vector<NodeStatus> Nodes() const;
+  ClusterStats Stats() const;
+  const ClusterOptions& options() const { return options_; }
+  Weights weights() const { return weights_; }
+
+ private:
+  struct Node;
+  struct UserEntry {
+    ShardProfile profile;
+    int affinity = -1;
+    int speculative_node = -1;  // dispatched there, not yet confirmed by an event
+    absl::Time speculative_expiry;
+    uint64_t last_use = 0;
+  };
+  Cluster(const ClusterOptions& options, const Weights& weights, Clock& clock);
+  double LoadLocked(const Node& n, absl::Time now) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  void ForgetSpeculativeLocked(int node, uint64_t user) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetShardLocked(int node, ShardKey shard, bool resident) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropNodeStateLocked(int node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TrimUsersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const ClusterOptions options_;
+  const Weights weights_;
+  const size_t words_;  // 64-bit words of a node bitset
+  Clock& clock_;
+
+  mutable absl::Mutex mu_;
+  std::vector<std::unique_ptr<Node>> nodes_ ABSL_GUARDED_BY(mu_);  // by index; null = free
+  // EMB reverse map: shard → slot; bits_[slot · words_ ...] is the set of nodes holding it.
+  absl::flat_hash_map<ShardKey, uint32_t> shard_slot_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> bits_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint32_t> free_slots_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, UserEntry> users_ ABSL_GUARDED_BY(mu_);
+  uint64_t use_clock_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t round_robin_ ABSL_GUARDED_BY(mu_) = 0;
+  Rng rng_ ABSL_GUARDED_BY(mu_);
+  ClusterStats stats_ ABSL_GUARDED_BY(mu_);
+  std::vector<NodeSignal> signals_ ABSL_GUARDED_BY(mu_);   // scratch
+  std::vector<uint32_t> emb_counts_ ABSL_GUARDED_BY(mu_);  // scratch, by node index
+};
+
+}  // namespace hlem::router

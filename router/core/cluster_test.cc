@@ -1,0 +1,172 @@
+#include "router/core/cluster.h"
+
+#include <vector>
+
+#include "common/clock.h"
+#include "gtest/gtest.h"
+
+namespace hlem::router {
+namespace {
+
+using serving::ResidencyEvent;
+using Kind = ResidencyEvent::Kind;
+
+class ClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Build({}); }
+  void Build(ClusterOptions o) {
+    o.features = {{.table_id = 0, .residency_shard_rows = 100}};
+    o.scorer = {.c_kv = 2, .c_emb = 1, .c_load = 1};
+    cluster_ = *Cluster::Create(o, clock_);
+    for (int i = 0; i < 3; ++i) {
+      nodes_[i] = *cluster_->AddNode("n" + std::to_string(i), "addr" + std::to_string(i));
+      cluster_->Reset(nodes_[i], {.epoch = 100 + static_cast<uint64_t>(i), .load = {.load = 0.1}});
+      seq_[i] = 0;
+    }
+  }
+  absl::Status Event(int i, ResidencyEvent e) {
+    e.epoch = 100 + static_cast<uint64_t>(i);
+    e.seq = ++seq_[i];
+    return cluster_->Apply(nodes_[i], e);
+  }
+  // A user whose history is items in [0, 100): residency shard 0.
+  std::vector<uint64_t> History() { return {1, 2, 3, 50, 99}; }
+
+  SimClock clock_;
+  std::unique_ptr<Cluster> cluster_;
+  int nodes_[3];
+  uint64_t seq_[3];
+};
+
+TEST_F(ClusterTest, ReturningUserGoesToItsKvAndEmbLocalityCounts) {
+  // Node 2 holds residency shard 0; node 1 holds user 7's K/V.
+  ASSERT_TRUE(Event(2, {.kind = Kind::kEmbShardResident, .table_id = 0, .shard = 0}).ok());
+  ASSERT_TRUE(Event(1, {.kind = Kind::kKvStored, .user_id = 7, .tokens = 5}).ok());
+  RouteResult r = cluster_->Route(7, History(), false);
+  EXPECT_EQ(r.node_id, "n1");  // 0.5 (KV) + 0.25·0.9 > 0.25 (EMB) + 0.25·0.9
+  EXPECT_EQ(r.decision.h_kv, 1.0);
+  EXPECT_EQ(r.decision.best_h_emb, 1.0);
+  cluster_->Completed(r.decision.node);
+  // A new user with the same items goes where its embeddings are.
+  r = cluster_->Route(8, History(), false);
+  EXPECT_EQ(r.node_id, "n2");
+  EXPECT_EQ(r.decision.h_emb, 1.0);
+  cluster_->Completed(r.decision.node);
+  // ... and is now speculatively resident there: it comes back to n2 before any event.
+  r = cluster_->Route(8, History(), false);
+  EXPECT_EQ(r.node_id, "n2");
+  EXPECT_EQ(r.decision.h_kv, 1.0);
+  cluster_->Completed(r.decision.node);
+}
+
+TEST_F(ClusterTest, SpeculativeEntriesExpireUnlessConfirmed) {
+  ClusterOptions o;
+  o.speculative_ttl = absl::Seconds(2);
+  o.policy = PolicyKind::kRoundRobin;  // choose the node regardless of residency
+  Build(o);
+  const RouteResult r = cluster_->Route(9, History(), false);
+  cluster_->Completed(r.decision.node);
+  const int n = r.decision.node;
+  EXPECT_EQ(cluster_->Nodes()[static_cast<size_t>(n)].speculative_users, 1u);
+  clock_.AdvanceBy(absl::Seconds(3));
+  EXPECT_EQ(cluster_->Nodes()[static_cast<size_t>(n)].speculative_users, 0u);
+  // Confirmed by an event: resident for good.
+  const RouteResult r2 = cluster_->Route(10, History(), false);
+  ASSERT_TRUE(Event(r2.decision.node, {.kind = Kind::kKvStored, .user_id = 10, .tokens = 3}).ok());
+  clock_.AdvanceBy(absl::Seconds(3));
+  const NodeStatus s = cluster_->Nodes()[static_cast<size_t>(r2.decision.node)];
+  EXPECT_EQ(s.resident_users, 1u);
+  EXPECT_EQ(s.speculative_users, 0u);
+}
+
+TEST_F(ClusterTest, ProtocolGapsEpochsReplaysAndSnapshots) {
+  ASSERT_TRUE(Event(0, {.kind = Kind::kKvStored, .user_id = 1, .tokens = 5}).ok());
+  // A replay overlapping what was applied is ignored.
+  ResidencyEvent old{.epoch = 100, .seq = 1, .kind = Kind::kKvEvicted, .user_id = 1};
+  EXPECT_TRUE(cluster_->Apply(nodes_[0], old).ok());
+  EXPECT_EQ(cluster_->Nodes()[0].resident_users, 1u);
+  // A gap: degraded, FAILED_PRECONDITION; the view is saturated for routing.
+  ResidencyEvent gap{.epoch = 100, .seq = 5, .kind = Kind::kKvStored, .user_id = 2};
+  EXPECT_EQ(cluster_->Apply(nodes_[0], gap).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(cluster_->Nodes()[0].view, NodeView::kDegraded);
+  EXPECT_EQ(cluster_->Nodes()[0].load, 1.0);
+  // The missing events replayed: exact again is the caller's Reset or the replay; a snapshot.
+  cluster_->Reset(nodes_[0], {.epoch = 100, .seq = 5, .users = {{1, 5}, {2, 4}}, .load = {}});
+  EXPECT_EQ(cluster_->Nodes()[0].view, NodeView::kExact);
+  EXPECT_EQ(cluster_->Nodes()[0].resident_users, 2u);
+  ResidencyEvent next{.epoch = 100, .seq = 6, .kind = Kind::kKvEvicted, .user_id = 2};
+  EXPECT_TRUE(cluster_->Apply(nodes_[0], next).ok());
+  EXPECT_EQ(cluster_->Nodes()[0].resident_users, 1u);
+  // A restarted node (new epoch): degraded until its snapshot, which drops the old entries.
+  ResidencyEvent restarted{.epoch = 200, .seq = 1, .kind = Kind::kKvStored, .user_id = 3};
+  EXPECT_EQ(cluster_->Apply(nodes_[0], restarted).code(), absl::StatusCode::kFailedPrecondition);
+  cluster_->Reset(nodes_[0], {.epoch = 200, .seq = 0, .users = {}, .load = {}});
+  EXPECT_EQ(cluster_->Nodes()[0].resident_users, 0u);
+  EXPECT_TRUE(cluster_->Apply(nodes_[0], restarted).ok());
+  const ClusterStats s = cluster_->Stats();
+  EXPECT_EQ(s.gaps, 1u);
+  EXPECT_EQ(s.epoch_resets, 1u);
+  EXPECT_EQ(s.events_ignored, 1u);
+}
+
+TEST_F(ClusterTest, LoadCombinesReportsDispatchesAndStaleness) {
+  ClusterOptions o;
+  o.in_flight_capacity = 4;
+  o.max_report_age = absl::Seconds(3);
+  Build(o);
+  // Four dispatches to a node since its report add 4 / 4 = 1.0 to its load; a burst spreads.
+  std::vector<int> counts(3, 0);
+  for (uint64_t user = 0; user < 9; ++user)
+    ++counts[cluster_->Route(user, {}, false).decision.node];
+  EXPECT_EQ(counts, (std::vector<int>{3, 3, 3}));
+  // A load report resets the router's own count.
+  ASSERT_TRUE(Event(0, {.kind = Kind::kLoadReport, .load = {.load = 0.3}}).ok());
+  EXPECT_DOUBLE_EQ(cluster_->Nodes()[0].load, 0.3);
+  // A report older than max_report_age: saturated.
+  clock_.AdvanceBy(absl::Seconds(4));
+  EXPECT_EQ(cluster_->Nodes()[0].load, 1.0);
+  ASSERT_TRUE(Event(1, {.kind = Kind::kLoadReport, .load = {.load = 0.2, .draining = true}}).ok());
+  EXPECT_EQ(cluster_->Nodes()[1].load, 1.0);  // draining
+  // Unreachable nodes receive nothing.
+  cluster_->SetUnreachable(nodes_[0]);
+  cluster_->SetUnreachable(nodes_[1]);
+  for (uint64_t user = 20; user < 25; ++user) {
+    EXPECT_EQ(cluster_->Route(user, {}, false).node_id, "n2");
+  }
+  cluster_->SetUnreachable(nodes_[2]);
+  EXPECT_EQ(cluster_->Route(30, {}, false).decision.node, -1);
+}
+
+TEST_F(ClusterTest, RetriesExcludeAndRemovedNodesLoseTheirUsers) {
+  ASSERT_TRUE(Event(1, {.kind = Kind::kKvStored, .user_id = 7, .tokens = 5}).ok());
+  const int excluded[] = {nodes_[1]};
+  EXPECT_NE(cluster_->Route(7, History(), false, excluded).node_id, "n1");
+  cluster_->RemoveNode(nodes_[1]);
+  EXPECT_EQ(cluster_->FindNode("n1"), -1);
+  EXPECT_NE(cluster_->Route(7, History(), false).node_id, "n1");
+  EXPECT_EQ(cluster_->Nodes().size(), 2u);
+}
+
+TEST_F(ClusterTest, IndexMemoryAt32NodesAnd6000UsersEach) {
+  ClusterOptions o;
+  o.max_nodes = 32;
+  o.kv_filter_capacity = 6000;
+  o.features = {{.table_id = 0, .residency_shard_rows = 100}};
+  SimClock clock;
+  auto cluster = *Cluster::Create(o, clock);
+  uint64_t user = 0;
+  for (int n = 0; n < 32; ++n) {
+    const int node = *cluster->AddNode("n" + std::to_string(n), "");
+    serving::ResidencySnapshot s{.epoch = 1, .seq = 0};
+    for (int u = 0; u < 6000; ++u) s.users.push_back({user++, 10});
+    for (uint64_t shard = 0; shard < 200; ++shard) s.shards.push_back({0, shard * 32 + n});
+    cluster->Reset(node, s);
+  }
+  const ClusterStats st = cluster->Stats();
+  // Snapshots size filters for twice the users: 12 000 → 32 KiB each.
+  RecordProperty("index_bytes", std::to_string(st.index_bytes));
+  EXPECT_LE(st.index_bytes / 32, 100u << 10);
+}
+
+}  // namespace
+}  // namespace hlem::router

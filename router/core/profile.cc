@@ -1,0 +1,56 @@
+#include "router/core/profile.h"
+
+#include <algorithm>
+
+#include "absl/container/flat_hash_map.h"
+
+namespace hlem::router {
+namespace {
+
+void Count(std::span<const uint64_t> ids, std::span<const FeatureShards> features,
+           absl::flat_hash_map<ShardKey, uint32_t>* counts) {
+  const size_t F = features.size();
+  if (F == 0) return;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const FeatureShards& f = features[i % F];
+    ++(*counts)[ShardKey{f.table_id, ids[i] / std::max<uint64_t>(1, f.residency_shard_rows)}];
+  }
+}
+
+std::vector<ProfileEntry> TopK(const absl::flat_hash_map<ShardKey, uint32_t>& counts, uint32_t k) {
+  std::vector<ProfileEntry> all;
+  all.reserve(counts.size());
+  for (const auto& [shard, count] : counts) all.push_back({shard, count});
+  auto better = [](const ProfileEntry& a, const ProfileEntry& b) {
+    if (a.count != b.count) return a.count > b.count;
+    if (a.shard.table_id != b.shard.table_id) return a.shard.table_id < b.shard.table_id;
+    return a.shard.id < b.shard.id;
+  };
+  if (all.size() > k) {
+    std::nth_element(all.begin(), all.begin() + k, all.end(), better);
+    all.resize(k);
+  }
+  std::sort(all.begin(), all.end(), better);
+  return all;
+}
+
+}  // namespace
+
+ShardProfile ShardProfile::Build(std::span<const uint64_t> ids,
+                                 std::span<const FeatureShards> features, uint32_t k) {
+  absl::flat_hash_map<ShardKey, uint32_t> counts;
+  Count(ids, features, &counts);
+  ShardProfile p;
+  p.entries_ = TopK(counts, k);
+  return p;
+}
+
+void ShardProfile::Extend(std::span<const uint64_t> ids, std::span<const FeatureShards> features,
+                          uint32_t k) {
+  absl::flat_hash_map<ShardKey, uint32_t> counts;
+  for (const ProfileEntry& e : entries_) counts[e.shard] = e.count;
+  Count(ids, features, &counts);
+  entries_ = TopK(counts, k);
+}
+
+}  // namespace hlem::router
