@@ -21,6 +21,25 @@ constexpr uint64_t Mix64(uint64_t x) {
 }
 
 // A hash of a seed and any number of integer keys; order-sensitive.
+// A small, fast generator for hot paths (e.g. tie-breaking): SplitMix64, 8 bytes of state, a
+// few cycles per draw (std::mt19937_64 keeps 2.5 KiB and costs ~10 ns). Not for simulations that
+// need long, well-studied streams: use Rng there.
+class SplitMix64 {
+ public:
+  using result_type = uint64_t;
+  explicit SplitMix64(uint64_t seed) : state_(seed) {}
+  uint64_t operator()() {
+    const uint64_t r = Mix64(state_);
+    state_ += 0x9e3779b97f4a7c15ULL;
+    return r;
+  }
+  static constexpr uint64_t min() { return 0; }
+  static constexpr uint64_t max() { return ~uint64_t{0}; }
+
+ private:
+  uint64_t state_;
+};
+
 constexpr uint64_t KeyedHash(uint64_t seed) { return Mix64(seed); }
 template <typename... Rest>
 constexpr uint64_t KeyedHash(uint64_t seed, uint64_t key, Rest... rest) {

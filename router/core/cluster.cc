@@ -57,6 +57,9 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Create(const ClusterOptions& o
       return absl::InvalidArgumentError("router.features: residency_shard_rows 0");
     }
   }
+  if (!(options.kv_filter_headroom >= 1)) {
+    return absl::InvalidArgumentError("router.kv_filter_headroom: must be >= 1");
+  }
   if (!(options.in_flight_capacity > 0)) {
     return absl::InvalidArgumentError("router.in_flight_capacity: must be > 0");
   }
@@ -125,55 +128,75 @@ void Cluster::DropNodeStateLocked(int node) {
   // The node's bit in every shard of the reverse map.
   const size_t word = static_cast<size_t>(node) / 64;
   const uint64_t bit = uint64_t{1} << (node % 64);
-  std::vector<ShardKey> emptied;
-  for (const auto& [shard, slot] : shard_slot_) {
-    uint64_t& w = bits_[slot * words_ + word];
+  for (uint32_t id = 0; id < shard_key_.size(); ++id) {
+    uint64_t& w = bits_[id * words_ + word];
     if ((w & bit) == 0) continue;
     w &= ~bit;
-    bool any = false;
-    for (size_t k = 0; k < words_; ++k) any |= bits_[slot * words_ + k] != 0;
-    if (!any) emptied.push_back(shard);
-  }
-  for (const ShardKey& shard : emptied) {
-    free_slots_.push_back(shard_slot_[shard]);
-    shard_slot_.erase(shard);
+    MaybeFreeLocked(id);
   }
   n.shards = 0;
+}
+
+uint32_t Cluster::InternLocked(ShardKey shard) {
+  auto [it, fresh] = shard_id_.try_emplace(shard, 0);
+  if (!fresh) return it->second;
+  uint32_t id;
+  if (!free_ids_.empty()) {
+    id = free_ids_.back();
+    free_ids_.pop_back();
+    shard_key_[id] = shard;
+    refs_[id] = 0;
+  } else {
+    id = static_cast<uint32_t>(shard_key_.size());
+    shard_key_.push_back(shard);
+    refs_.push_back(0);
+    bits_.resize(bits_.size() + words_, 0);
+  }
+  it->second = id;
+  return id;
+}
+
+void Cluster::MaybeFreeLocked(uint32_t id) {
+  if (refs_[id] != 0) return;
+  for (size_t k = 0; k < words_; ++k) {
+    if (bits_[id * words_ + k] != 0) return;
+  }
+  shard_id_.erase(shard_key_[id]);
+  free_ids_.push_back(id);
 }
 
 void Cluster::SetShardLocked(int node, ShardKey shard, bool resident) {
   Node& n = *nodes_[node];
   const size_t word = static_cast<size_t>(node) / 64;
   const uint64_t bit = uint64_t{1} << (node % 64);
-  auto it = shard_slot_.find(shard);
   if (resident) {
-    if (it == shard_slot_.end()) {
-      uint32_t slot;
-      if (!free_slots_.empty()) {
-        slot = free_slots_.back();
-        free_slots_.pop_back();
-      } else {
-        slot = static_cast<uint32_t>(bits_.size() / words_);
-        bits_.resize(bits_.size() + words_, 0);
-      }
-      it = shard_slot_.emplace(shard, slot).first;
-    }
-    uint64_t& w = bits_[it->second * words_ + word];
+    uint64_t& w = bits_[InternLocked(shard) * words_ + word];
     if ((w & bit) == 0) ++n.shards;
     w |= bit;
     return;
   }
-  if (it == shard_slot_.end()) return;
+  auto it = shard_id_.find(shard);
+  if (it == shard_id_.end()) return;
   uint64_t& w = bits_[it->second * words_ + word];
   if ((w & bit) == 0) return;
   w &= ~bit;
   --n.shards;
-  bool any = false;
-  for (size_t k = 0; k < words_; ++k) any |= bits_[it->second * words_ + k] != 0;
-  if (!any) {
-    free_slots_.push_back(it->second);
-    shard_slot_.erase(it);
+  MaybeFreeLocked(it->second);
+}
+
+void Cluster::SetProfileLocked(UserEntry& entry, const ShardProfile& profile) {
+  std::vector<CompactEntry> next;
+  next.reserve(profile.size());
+  for (const ProfileEntry& e : profile.entries()) {
+    const uint32_t id = InternLocked(e.shard);
+    ++refs_[id];
+    next.push_back({id, static_cast<uint16_t>(std::min<uint32_t>(e.count, UINT16_MAX))});
   }
+  for (const CompactEntry& e : entry.profile) {
+    --refs_[e.shard];
+    MaybeFreeLocked(e.shard);
+  }
+  entry.profile = std::move(next);
 }
 
 absl::Status Cluster::Apply(int node, const ResidencyEvent& e) {
@@ -240,8 +263,10 @@ void Cluster::Reset(int node, const serving::ResidencySnapshot& s) {
   ++stats_.snapshots;
   DropNodeStateLocked(node);
   Node& n = *nodes_[node];
-  // Room for twice the users the node holds now (and at least the configured capacity).
-  n.kv = KvFilter(std::max(options_.kv_filter_capacity, 2 * s.users.size()));
+  // Room for the users the node holds now with headroom (and at least the configured capacity).
+  n.kv = KvFilter(std::max(
+      options_.kv_filter_capacity,
+      static_cast<size_t>(options_.kv_filter_headroom * static_cast<double>(s.users.size()))));
   bool full = false;
   for (const auto& [user, tokens] : s.users) full |= !n.kv.Insert(user);
   for (const serving::ResidentShard& shard : s.shards) {
@@ -264,9 +289,11 @@ void Cluster::SetUnreachable(int node) {
 }
 
 double Cluster::LoadLocked(const Node& n, absl::Time now) const {
-  if (n.view != NodeView::kExact || n.draining || now - n.report_time > options_.max_report_age) {
-    return 1.0;
-  }
+  return LoadLocked(n, now - options_.max_report_age, 0);
+}
+
+double Cluster::LoadLocked(const Node& n, absl::Time stale_before, int) const {
+  if (n.view != NodeView::kExact || n.draining || n.report_time < stale_before) return 1.0;
   return std::min(1.0, n.reported_load + n.since_report / options_.in_flight_capacity);
 }
 
@@ -285,7 +312,13 @@ RouteResult Cluster::Route(uint64_t user, std::span<const uint64_t> history, boo
   if (delta && !keep_profile) {
     absl::MutexLock lock(&mu_);
     auto it = users_.find(user);
-    if (it != users_.end()) profile = it->second.profile;
+    if (it != users_.end()) {
+      std::vector<ProfileEntry> cached;
+      for (const CompactEntry& e : it->second.profile) {
+        cached.push_back({shard_key_[e.shard], e.count});
+      }
+      profile = ShardProfile::FromEntries(std::move(cached));
+    }
   }
   if (delta && !keep_profile) {
     profile.Extend(history, options_.features, options_.profile_top_k);
@@ -296,33 +329,33 @@ RouteResult Cluster::Route(uint64_t user, std::span<const uint64_t> history, boo
   absl::MutexLock lock(&mu_);
   const absl::Time now = clock_.Now();
   UserEntry& entry = users_[user];
-  if (!keep_profile) entry.profile = std::move(profile);
+  if (!keep_profile) SetProfileLocked(entry, profile);
   entry.last_use = ++use_clock_;
   // The speculative belief (the user's last dispatch, unconfirmed) while its TTL runs.
   const int speculative =
       entry.speculative_node >= 0 && entry.speculative_expiry > now ? entry.speculative_node : -1;
   // h_emb: per profile shard, the nodes holding it.
   std::fill(emb_counts_.begin(), emb_counts_.end(), 0);
-  for (const ProfileEntry& p : entry.profile.entries()) {
-    auto it = shard_slot_.find(p.shard);
-    if (it == shard_slot_.end()) continue;
+  for (const CompactEntry& p : entry.profile) {
     for (size_t k = 0; k < words_; ++k) {
-      for (uint64_t w = bits_[it->second * words_ + k]; w != 0; w &= w - 1) {
+      for (uint64_t w = bits_[p.shard * words_ + k]; w != 0; w &= w - 1) {
         const size_t node = k * 64 + static_cast<size_t>(std::countr_zero(w));
         if (node < emb_counts_.size()) ++emb_counts_[node];
       }
     }
   }
   const double profile_size = static_cast<double>(std::max<size_t>(1, entry.profile.size()));
+  const KvFilter::Probe probe = KvFilter::ProbeOf(user);
+  const absl::Time stale_before = now - options_.max_report_age;
   signals_.clear();
   for (int i = 0; i < static_cast<int>(nodes_.size()); ++i) {
     Node* n = nodes_[i].get();
     if (n == nullptr || n->view == NodeView::kUnreachable) continue;
     if (std::find(exclude.begin(), exclude.end(), i) != exclude.end()) continue;
     signals_.push_back({.node = i,
-                        .h_kv = i == speculative || n->kv.Contains(user) ? 1.0 : 0.0,
+                        .h_kv = i == speculative || n->kv.Contains(probe) ? 1.0 : 0.0,
                         .h_emb = emb_counts_[static_cast<size_t>(i)] / profile_size,
-                        .load = LoadLocked(*n, now),
+                        .load = LoadLocked(*n, stale_before, 0),
                         .key = n->key});
   }
   RouteResult result;
@@ -354,6 +387,9 @@ void Cluster::TrimUsersLocked() {
   const size_t drop = std::max<size_t>(1, users_.size() / 8);
   std::nth_element(uses.begin(), uses.begin() + static_cast<std::ptrdiff_t>(drop - 1), uses.end());
   const uint64_t cutoff = uses[drop - 1];
+  for (auto& [user, e] : users_) {
+    if (e.last_use <= cutoff) SetProfileLocked(e, ShardProfile());
+  }
   absl::erase_if(users_, [cutoff](const auto& e) { return e.second.last_use <= cutoff; });
 }
 
@@ -411,9 +447,10 @@ ClusterStats Cluster::Stats() const {
     if (n == nullptr) continue;
     bytes += n->kv.bytes();
   }
-  bytes += table(shard_slot_.capacity(), sizeof(std::pair<ShardKey, uint32_t>));
-  bytes += bits_.capacity() * sizeof(uint64_t) + free_slots_.capacity() * sizeof(uint32_t);
-  for (const auto& [user, e] : users_) bytes += e.profile.size() * sizeof(ProfileEntry);
+  bytes += table(shard_id_.capacity(), sizeof(std::pair<ShardKey, uint32_t>));
+  bytes += shard_key_.capacity() * sizeof(ShardKey) + refs_.capacity() * sizeof(uint32_t) +
+           bits_.capacity() * sizeof(uint64_t) + free_ids_.capacity() * sizeof(uint32_t);
+  for (const auto& [user, e] : users_) bytes += e.profile.capacity() * sizeof(CompactEntry);
   bytes += table(users_.capacity(), sizeof(std::pair<uint64_t, UserEntry>));
   s.index_bytes = bytes;
   return s;

@@ -58,6 +58,7 @@ struct ClusterOptions {
   absl::Duration max_report_age = absl::Seconds(3);
   double in_flight_capacity = 64;    // dispatches since a report that make a node fully loaded
   size_t kv_filter_capacity = 8192;  // users per node until a snapshot says more
+  double kv_filter_headroom = 1.25;  // a snapshot sizes the filter for this × its users
   size_t user_cache_capacity = 1 << 17;
   uint64_t seed = 1;  // tie-breaking
 };
@@ -124,8 +125,13 @@ class Cluster {
 
  private:
   struct Node;
+  // A cached profile entry: the shard's interned id and its count.
+  struct __attribute__((packed)) CompactEntry {
+    uint32_t shard = 0;
+    uint16_t count = 0;  // saturates
+  };
   struct UserEntry {
-    ShardProfile profile;
+    std::vector<CompactEntry> profile;  // most counted first
     int affinity = -1;
     int speculative_node = -1;  // dispatched there, not yet confirmed by an event
     absl::Time speculative_expiry;
@@ -133,8 +139,16 @@ class Cluster {
   };
   Cluster(const ClusterOptions& options, const Weights& weights, Clock& clock);
   double LoadLocked(const Node& n, absl::Time now) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The same with the staleness cut-off computed once per decision.
+  double LoadLocked(const Node& n, absl::Time stale_before, int) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void ForgetSpeculativeLocked(int node, uint64_t user) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetShardLocked(int node, ShardKey shard, bool resident) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint32_t InternLocked(ShardKey shard) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees the id when no profile names it and no node holds it.
+  void MaybeFreeLocked(uint32_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetProfileLocked(UserEntry& entry, const ShardProfile& profile)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropNodeStateLocked(int node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TrimUsersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -145,14 +159,19 @@ class Cluster {
 
   mutable absl::Mutex mu_;
   std::vector<std::unique_ptr<Node>> nodes_ ABSL_GUARDED_BY(mu_);  // by index; null = free
-  // EMB reverse map: shard → slot; bits_[slot · words_ ...] is the set of nodes holding it.
-  absl::flat_hash_map<ShardKey, uint32_t> shard_slot_ ABSL_GUARDED_BY(mu_);
+  // Residency shards the router knows (named by a cached profile or held by a node), interned to
+  // dense ids so a decision reads each profile shard's node set without a hash lookup:
+  // bits_[id · words_ ...] is the set of nodes holding shard id; refs_[id] counts the cached
+  // profiles naming it.
+  absl::flat_hash_map<ShardKey, uint32_t> shard_id_ ABSL_GUARDED_BY(mu_);
+  std::vector<ShardKey> shard_key_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint32_t> refs_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> bits_ ABSL_GUARDED_BY(mu_);
-  std::vector<uint32_t> free_slots_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint32_t> free_ids_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, UserEntry> users_ ABSL_GUARDED_BY(mu_);
   uint64_t use_clock_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t round_robin_ ABSL_GUARDED_BY(mu_) = 0;
-  Rng rng_ ABSL_GUARDED_BY(mu_);
+  SplitMix64 rng_ ABSL_GUARDED_BY(mu_);
   ClusterStats stats_ ABSL_GUARDED_BY(mu_);
   std::vector<NodeSignal> signals_ ABSL_GUARDED_BY(mu_);   // scratch
   std::vector<uint32_t> emb_counts_ ABSL_GUARDED_BY(mu_);  // scratch, by node index

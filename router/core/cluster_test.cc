@@ -163,7 +163,7 @@ TEST_F(ClusterTest, IndexMemoryAt32NodesAnd6000UsersEach) {
     cluster->Reset(node, s);
   }
   const ClusterStats st = cluster->Stats();
-  // Snapshots size filters for twice the users: 12 000 → 32 KiB each.
+  // Snapshots size filters for 1.25 × the users: 7 500 → 16 KiB each.
   RecordProperty("index_bytes", std::to_string(st.index_bytes));
   EXPECT_LE(st.index_bytes / 32, 100u << 10);
 }

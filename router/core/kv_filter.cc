@@ -14,12 +14,16 @@ KvFilter::KvFilter(size_t capacity) {
   slots_.assign(buckets * kWays, 0);
 }
 
-KvFilter::Place KvFilter::PlaceOf(uint64_t user) const {
+KvFilter::Probe KvFilter::ProbeOf(uint64_t user) {
   const uint64_t h = Mix64(user ^ 0x6b766d3132333435ULL);
   auto fp = static_cast<uint16_t>(h >> 48);
   if (fp == 0) fp = 1;  // 0 marks an empty slot
-  const size_t b1 = static_cast<size_t>(h) & mask_;
-  return {b1, Alt(b1, fp), fp};
+  return {h, Mix64(fp), fp};
+}
+
+KvFilter::Place KvFilter::PlaceOf(const Probe& p) const {
+  const size_t b1 = static_cast<size_t>(p.hash) & mask_;
+  return {b1, (b1 ^ static_cast<size_t>(p.offset)) & mask_, p.fp};
 }
 
 size_t KvFilter::Alt(size_t bucket, uint16_t fp) const {
@@ -42,13 +46,15 @@ bool KvFilter::Put(size_t bucket, uint16_t fp) {
   return false;
 }
 
-bool KvFilter::Contains(uint64_t user) const {
-  const Place p = PlaceOf(user);
+bool KvFilter::Contains(uint64_t user) const { return Contains(ProbeOf(user)); }
+
+bool KvFilter::Contains(const Probe& probe) const {
+  const Place p = PlaceOf(probe);
   return Has(p.b1, p.fp) || Has(p.b2, p.fp);
 }
 
 bool KvFilter::Insert(uint64_t user) {
-  const Place p = PlaceOf(user);
+  const Place p = PlaceOf(ProbeOf(user));
   if (Has(p.b1, p.fp) || Has(p.b2, p.fp)) return true;
   if (Put(p.b1, p.fp) || Put(p.b2, p.fp)) {
     ++size_;
@@ -82,7 +88,7 @@ bool KvFilter::Insert(uint64_t user) {
 }
 
 bool KvFilter::Erase(uint64_t user) {
-  const Place p = PlaceOf(user);
+  const Place p = PlaceOf(ProbeOf(user));
   for (size_t bucket : {p.b1, p.b2}) {
     uint16_t* b = &slots_[bucket * kWays];
     for (int i = 0; i < kWays; ++i) {

@@ -28,6 +28,14 @@ class KvFilter {
   // True when a fingerprint of the user was removed.
   bool Erase(uint64_t user);
   bool Contains(uint64_t user) const;
+  // The hashing of Contains, done once for probing many filters with one user.
+  struct Probe {
+    uint64_t hash;    // bucket bits
+    uint64_t offset;  // alternate-bucket offset (a function of the fingerprint)
+    uint16_t fp;
+  };
+  static Probe ProbeOf(uint64_t user);
+  bool Contains(const Probe& probe) const;
   void Clear();
 
   size_t size() const { return size_; }
@@ -41,7 +49,7 @@ class KvFilter {
     size_t b1, b2;
     uint16_t fp;
   };
-  Place PlaceOf(uint64_t user) const;
+  Place PlaceOf(const Probe& probe) const;
   size_t Alt(size_t bucket, uint16_t fp) const;
   bool Has(size_t bucket, uint16_t fp) const;
   bool Put(size_t bucket, uint16_t fp);

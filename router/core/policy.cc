@@ -14,7 +14,7 @@ constexpr double kTie = 1e-12;
 
 // The index (into nodes) of the maximum of value(i); ties broken uniformly by rng.
 template <typename F>
-int ArgMax(std::span<const NodeSignal> nodes, F value, Rng& rng) {
+int ArgMax(std::span<const NodeSignal> nodes, F value, SplitMix64& rng) {
   int best = -1;
   double best_value = 0;
   int ties = 0;
@@ -32,14 +32,14 @@ int ArgMax(std::span<const NodeSignal> nodes, F value, Rng& rng) {
   return best;
 }
 
-int LeastLoaded(std::span<const NodeSignal> nodes, Rng& rng) {
+int LeastLoaded(std::span<const NodeSignal> nodes, SplitMix64& rng) {
   return ArgMax(
       nodes, [&](int i) { return -nodes[i].load; }, rng);
 }
 
 // The least-loaded among the nodes with the highest value(i).
 template <typename F>
-int BestThenLeastLoaded(std::span<const NodeSignal> nodes, F value, Rng& rng) {
+int BestThenLeastLoaded(std::span<const NodeSignal> nodes, F value, SplitMix64& rng) {
   double top = value(0);
   for (int i = 1; i < static_cast<int>(nodes.size()); ++i) top = std::max(top, value(i));
   return ArgMax(
@@ -125,7 +125,7 @@ absl::StatusOr<Weights> NormalisedWeights(const ScorerOptions& o) {
 }
 
 Decision ScoreRoute(std::span<const NodeSignal> nodes, int affinity, const Weights& w,
-                    const ScorerOptions& options, Rng& rng) {
+                    const ScorerOptions& options, SplitMix64& rng) {
   if (nodes.empty()) return Fill(nodes, -1, Reason::kScore, 0);
   auto base = [&](int i) {
     return w.kv * nodes[i].h_kv + w.emb * nodes[i].h_emb + w.load * (1 - nodes[i].load);
@@ -156,7 +156,7 @@ Decision ScoreRoute(std::span<const NodeSignal> nodes, int affinity, const Weigh
 }
 
 Decision PolicyRoute(PolicyKind policy, std::span<const NodeSignal> nodes, uint64_t user,
-                     uint64_t* round_robin, Rng& rng) {
+                     uint64_t* round_robin, SplitMix64& rng) {
   if (nodes.empty()) return Fill(nodes, -1, Reason::kPolicy, 0);
   int i = 0;
   switch (policy) {

@@ -69,9 +69,9 @@ struct Decision {
 
 // Algorithm 1. `affinity` is the node index of Aff[u] or -1.
 Decision ScoreRoute(std::span<const NodeSignal> nodes, int affinity, const Weights& w,
-                    const ScorerOptions& options, Rng& rng);
+                    const ScorerOptions& options, SplitMix64& rng);
 // A comparison policy (not kHlem). `round_robin` is the policy's counter.
 Decision PolicyRoute(PolicyKind policy, std::span<const NodeSignal> nodes, uint64_t user,
-                     uint64_t* round_robin, Rng& rng);
+                     uint64_t* round_robin, SplitMix64& rng);
 
 }  // namespace hlem::router

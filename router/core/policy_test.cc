@@ -24,7 +24,7 @@ TEST(PolicyTest, WeightsAreCostShares) {
 
 TEST(PolicyTest, AlgorithmOneByHand) {
   const Weights w = *NormalisedWeights(Options());
-  Rng rng(1);
+  SplitMix64 rng(1);
   // score(0) = 0.5·0 + 0.25·0.8 + 0.25·(1 − 0.2) = 0.4
   // score(1) = 0.5·1 + 0.25·0.1 + 0.25·(1 − 0.5) = 0.65
   // score(2) = 0.5·0 + 0.25·1.0 + 0.25·(1 − 0.0) = 0.5
@@ -67,14 +67,14 @@ TEST(PolicyTest, AffinityBreaksTiesAndTiesAreSeeded) {
   const std::vector<NodeSignal> tied = {{.node = 0, .h_emb = 0.5, .load = 0.1},
                                         {.node = 1, .h_emb = 0.5, .load = 0.1},
                                         {.node = 2, .h_emb = 0.5, .load = 0.1}};
-  Rng rng(7);
+  SplitMix64 rng(7);
   Decision d = ScoreRoute(tied, 2, w, Options(), rng);
   EXPECT_EQ(d.node, 2);
   EXPECT_EQ(d.reason, Reason::kAffinity);
   // Without affinity every tied node is chosen sometimes, and a seed repeats its choices.
   std::set<int> chosen;
   std::vector<int> first, second;
-  Rng a(3), b(3);
+  SplitMix64 a(3), b(3);
   for (int i = 0; i < 200; ++i) {
     first.push_back(ScoreRoute(tied, -1, w, Options(), a).node);
     second.push_back(ScoreRoute(tied, -1, w, Options(), b).node);
@@ -91,7 +91,7 @@ TEST(PolicyTest, ComparisonPolicies) {
       {.node = 0, .h_kv = 0, .h_emb = 0.9, .load = 0.5, .key = 11},
       {.node = 1, .h_kv = 1, .h_emb = 0.2, .load = 0.7, .key = 22},
       {.node = 2, .h_kv = 0, .h_emb = 0.9, .load = 0.1, .key = 33}};
-  Rng rng(1);
+  SplitMix64 rng(1);
   uint64_t rr = 0;
   std::vector<int> order;
   for (int i = 0; i < 4; ++i) {

@@ -45,6 +45,12 @@ ShardProfile ShardProfile::Build(std::span<const uint64_t> ids,
   return p;
 }
 
+ShardProfile ShardProfile::FromEntries(std::vector<ProfileEntry> entries) {
+  ShardProfile p;
+  p.entries_ = std::move(entries);
+  return p;
+}
+
 void ShardProfile::Extend(std::span<const uint64_t> ids, std::span<const FeatureShards> features,
                           uint32_t k) {
   absl::flat_hash_map<ShardKey, uint32_t> counts;

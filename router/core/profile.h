@@ -35,6 +35,8 @@ class ShardProfile {
   // From a history: feature ids event-major (event j's feature f at ids[j·F + f]).
   static ShardProfile Build(std::span<const uint64_t> ids, std::span<const FeatureShards> features,
                             uint32_t k);
+  // A profile with these entries (most counted first), e.g. a cached compact one expanded.
+  static ShardProfile FromEntries(std::vector<ProfileEntry> entries);
   // Adds the events of `ids` (same layout) and keeps the top K.
   void Extend(std::span<const uint64_t> ids, std::span<const FeatureShards> features, uint32_t k);
 
