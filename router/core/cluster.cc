@@ -29,6 +29,7 @@ struct Cluster::Node {
   uint64_t key;  // user-hash routing
   NodeView view = NodeView::kDegraded;
   uint64_t epoch = 0, seq = 0;
+  bool awaiting_replay = false;  // degraded by a gap: the next in-order event makes it exact
   KvFilter kv;
   uint64_t shards = 0;
   double reported_load = 1;
@@ -208,6 +209,7 @@ absl::Status Cluster::Apply(int node, const ResidencyEvent& e) {
   if (e.epoch != n.epoch) {
     ++stats_.epoch_resets;
     n.view = NodeView::kDegraded;
+    n.awaiting_replay = false;
     return absl::FailedPreconditionError(absl::StrCat("node ", n.id, ": event of epoch ", e.epoch,
                                                       ", view of epoch ", n.epoch,
                                                       "; take a snapshot"));
@@ -218,18 +220,24 @@ absl::Status Cluster::Apply(int node, const ResidencyEvent& e) {
   }
   if (e.seq != n.seq + 1) {
     ++stats_.gaps;
+    if (n.view == NodeView::kExact) n.awaiting_replay = true;
     n.view = NodeView::kDegraded;
     return absl::FailedPreconditionError(absl::StrCat(
         "node ", n.id, ": event seq ", e.seq, " after ", n.seq, "; replay from ", n.seq + 1));
   }
   n.seq = e.seq;
   ++stats_.events_applied;
+  if (n.awaiting_replay) {  // the replay closed the gap
+    n.awaiting_replay = false;
+    n.view = NodeView::kExact;
+  }
   switch (e.kind) {
     case ResidencyEvent::Kind::kKvStored:
       ForgetSpeculativeLocked(node, e.user_id);
       if (!n.kv.Insert(e.user_id)) {
         ++stats_.filter_full;
         n.view = NodeView::kDegraded;  // a snapshot rebuilds a larger filter
+        n.awaiting_replay = false;
         return absl::ResourceExhaustedError(
             absl::StrCat("node ", n.id, ": KV filter full at ", n.kv.size(), " users"));
       }
@@ -279,6 +287,7 @@ void Cluster::Reset(int node, const serving::ResidencySnapshot& s) {
   n.report_time = clock_.Now();
   n.since_report = 0;
   n.view = full ? NodeView::kDegraded : NodeView::kExact;
+  n.awaiting_replay = false;
   if (full) ++stats_.filter_full;
 }
 

@@ -90,7 +90,13 @@ TEST_F(ClusterTest, ProtocolGapsEpochsReplaysAndSnapshots) {
   EXPECT_EQ(cluster_->Apply(nodes_[0], gap).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(cluster_->Nodes()[0].view, NodeView::kDegraded);
   EXPECT_EQ(cluster_->Nodes()[0].load, 1.0);
-  // The missing events replayed: exact again is the caller's Reset or the replay; a snapshot.
+  // The missing events replayed: exact again.
+  for (uint64_t seq = 2; seq <= 4; ++seq) {
+    ASSERT_TRUE(
+        cluster_->Apply(nodes_[0], {.epoch = 100, .seq = seq, .kind = Kind::kLoadReport}).ok());
+  }
+  EXPECT_EQ(cluster_->Nodes()[0].view, NodeView::kExact);
+  // A snapshot resets the view to its state.
   cluster_->Reset(nodes_[0], {.epoch = 100, .seq = 5, .users = {{1, 5}, {2, 4}}, .load = {}});
   EXPECT_EQ(cluster_->Nodes()[0].view, NodeView::kExact);
   EXPECT_EQ(cluster_->Nodes()[0].resident_users, 2u);
