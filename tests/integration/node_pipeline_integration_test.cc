@@ -17,6 +17,7 @@
 #include "serving_node/model/hstu_model.h"
 #include "serving_node/model/test_node.h"
 #include "serving_node/service/shard_row_source.h"
+#include "tests/testing/node_process.h"
 #include "tests/testing/shard_cluster.h"
 
 namespace hlem::serving {
@@ -38,15 +39,7 @@ TEST(NodePipelineIntegrationTest, ReturningUserOverARealShard) {
   hlem::testing::ShardClusterOptions options;
   options.binary = HLEM_SHARD_BINARY;
   options.work_dir = absl::StrCat(::testing::TempDir(), "/hlem_node_it_", getpid());
-  options.config_yaml = R"(
-shard_map: {num_shards: 1, partitioning: hash, replicas: 1, hash_seed: 3}
-tables:
-  - {id: 0, name: item, rows: 100000, dim: 32, dtype: fp32}
-  - {id: 1, name: category, rows: 500, dim: 32, dtype: fp32}
-content: {source: generated, seed: 11}
-limits: {max_batch_rows: 4096}
-ucx: {transports: auto, net_devices: lo}
-)";
+  options.config_yaml = hlem::testing::kTestShardsYaml;
   auto cluster = hlem::testing::ShardCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   RealClock clock;

@@ -18,6 +18,7 @@
 #include "grpcpp/client_context.h"
 #include "gtest/gtest.h"
 #include "hlem/v1/serving_node.grpc.pb.h"
+#include "tests/testing/node_process.h"
 #include "tests/testing/process.h"
 #include "tests/testing/shard_cluster.h"
 
@@ -25,16 +26,6 @@ namespace hlem {
 namespace {
 
 namespace v1 = ::hlem::v1;
-
-constexpr char kShards[] = R"(
-shard_map: {num_shards: 1, partitioning: hash, replicas: 1, hash_seed: 3}
-tables:
-  - {id: 0, name: item, rows: 100000, dim: 32, dtype: fp32}
-  - {id: 1, name: category, rows: 500, dim: 32, dtype: fp32}
-content: {source: generated, seed: 11}
-limits: {max_batch_rows: 4096}
-ucx: {transports: auto, net_devices: lo}
-)";
 
 constexpr char kNode[] = R"(
 node: {id: it-node, slo: 2s, window: 200ms, keep_windows: 1000, load_report_interval: 100ms}
@@ -58,34 +49,11 @@ model:
 shards: {config: shards.yaml, transport: grpc}
 )";
 
-struct NodeProcess {
-  testing::ChildProcess process;
-  int port = 0, admin_port = 0, metrics_port = 0;
-  std::unique_ptr<v1::ServingNode::Stub> stub;
-  std::unique_ptr<v1::ServingNodeAdmin::Stub> admin;
-};
+using testing::NodeProcess;
 
 absl::StatusOr<NodeProcess> StartNode(const std::string& dir, const std::string& name,
                                       const std::vector<std::string>& shard_servers) {
-  const std::string ports = absl::StrCat(dir, "/", name, ".ports");
-  auto process = testing::ChildProcess::Start(
-      {HLEM_NODE_BINARY, "--config", dir + "/node.yaml", "--node-id", name, "--ports-file", ports,
-       "--shard-servers", absl::StrJoin(shard_servers, ",")},
-      absl::StrCat(dir, "/", name, ".log"));
-  if (!process.ok()) return process.status();
-  NodeProcess n{std::move(*process)};
-  auto port = testing::WaitForPort(ports, "grpc", absl::Seconds(120), &n.process);
-  if (!port.ok()) return port.status();
-  auto admin = testing::WaitForPort(ports, "admin", absl::Seconds(5), &n.process);
-  if (!admin.ok()) return admin.status();
-  auto metrics = testing::WaitForPort(ports, "metrics", absl::Seconds(5), &n.process);
-  if (!metrics.ok()) return metrics.status();
-  n.port = *port;
-  n.admin_port = *admin;
-  n.metrics_port = *metrics;
-  n.stub = v1::ServingNode::NewStub(MakeChannel(absl::StrCat("127.0.0.1:", n.port)));
-  n.admin = v1::ServingNodeAdmin::NewStub(MakeChannel(absl::StrCat("127.0.0.1:", n.admin_port)));
-  return n;
+  return testing::StartNode(HLEM_NODE_BINARY, dir, dir + "/node.yaml", name, shard_servers);
 }
 
 grpc::Status Infer(NodeProcess& n, const v1::InferRequest& req, v1::InferResponse* resp) {
@@ -120,14 +88,10 @@ class NodeServiceIntegrationTest : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = absl::StrCat(::testing::TempDir(), "/hlem_node_svc_it_", getpid());
-    testing::ShardClusterOptions options;
-    options.binary = HLEM_SHARD_BINARY;
-    options.work_dir = dir_;
-    options.config_yaml = kShards;
-    auto cluster = testing::ShardCluster::Start(options);
+    auto cluster =
+        testing::StartShardsForNodes(HLEM_SHARD_BINARY, dir_, testing::kTestShardsYaml, kNode);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     cluster_ = std::move(*cluster);
-    std::ofstream(dir_ + "/node.yaml") << kNode;
   }
   void TearDown() override {
     cluster_.reset();

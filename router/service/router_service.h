@@ -1,0 +1,52 @@
+#pragma once
+// The gRPC shell of the router (protos/hlem/v1/router.proto): Recommend checks the request, asks
+// the Cluster for a node, forwards the request as the node's Infer with the caller's deadline and
+// the router's KV belief, retries once on the next-best node when the node is unavailable or full
+// and the deadline allows, and answers with the node's scores and the routing decision.
+// GetRoutingState reports the cluster's view. Thread-safe.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "hlem/v1/router.grpc.pb.h"
+#include "hlem/v1/serving_node.grpc.pb.h"
+#include "router/core/cluster.h"
+
+namespace hlem::router {
+
+struct RouterServiceOptions {
+  uint32_t max_candidates = 512;
+  uint32_t max_history_events = 1 << 16;
+  bool retry = true;
+  size_t features = 1;  // feature ids per event (the nodes' feature tables)
+};
+
+class RouterServiceImpl final : public hlem::v1::Router::Service {
+ public:
+  RouterServiceImpl(const RouterServiceOptions& options, Cluster& cluster)
+      : options_(options), cluster_(cluster) {}
+
+  // The stub used to reach the cluster's node `index`.
+  void SetNodeStub(int index, std::shared_ptr<hlem::v1::ServingNode::StubInterface> stub);
+
+  grpc::Status Recommend(grpc::ServerContext* context, const hlem::v1::RecommendRequest* request,
+                         hlem::v1::RecommendResponse* response) override;
+  grpc::Status GetRoutingState(grpc::ServerContext* context,
+                               const hlem::v1::GetRoutingStateRequest* request,
+                               hlem::v1::GetRoutingStateResponse* response) override;
+
+ private:
+  std::shared_ptr<hlem::v1::ServingNode::StubInterface> Stub(int index) const;
+
+  const RouterServiceOptions options_;
+  Cluster& cluster_;
+  mutable absl::Mutex mu_;
+  std::vector<std::shared_ptr<hlem::v1::ServingNode::StubInterface>> stubs_ ABSL_GUARDED_BY(mu_);
+};
+
+hlem::v1::RoutingReason ToProto(Reason reason);
+
+}  // namespace hlem::router

@@ -1,0 +1,191 @@
+// The router binary in front of two serving_node binaries and one embedding shard, on loopback:
+// a returning user is sent back to the node holding its K/V; the router's view follows the nodes'
+// residency streams; bad input gets clear errors; a node that goes away loses its users to the
+// other node without failed requests.
+
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_server.h"
+#include "common/rng.h"
+#include "grpcpp/client_context.h"
+#include "gtest/gtest.h"
+#include "hlem/v1/router.grpc.pb.h"
+#include "tests/testing/node_process.h"
+#include "tests/testing/process.h"
+#include "tests/testing/shard_cluster.h"
+
+namespace hlem {
+namespace {
+
+namespace v1 = ::hlem::v1;
+
+constexpr char kNode[] = R"(
+node: {slo: 2s, window: 500ms, load_report_interval: 100ms}
+memory: {pool_bytes: 16MiB, page_bytes: 64KiB, initial_alpha: 0.5}
+model: {seed: 23, layers: 1, dim: 32, heads: 2, d_qk: 16, d_v: 16, head_hidden: 32,
+        max_positions: 512, features: [item, category], max_history: 300, max_candidates: 32}
+shards: {config: shards.yaml, transport: grpc}
+)";
+
+class RouterIntegrationTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = absl::StrCat(::testing::TempDir(), "/hlem_router_it_", getpid());
+    auto cluster =
+        testing::StartShardsForNodes(HLEM_SHARD_BINARY, dir_, testing::kTestShardsYaml, kNode);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    shards_ = std::move(*cluster);
+    for (const char* name : {"node-a", "node-b"}) {
+      auto node = testing::StartNode(HLEM_NODE_BINARY, dir_, dir_ + "/node.yaml", name,
+                                     shards_->addresses());
+      ASSERT_TRUE(node.ok()) << node.status();
+      nodes_.push_back(std::move(*node));
+    }
+    const std::string ports = dir_ + "/router.ports";
+    auto router = testing::ChildProcess::Start(
+        {HLEM_ROUTER_BINARY, "--nodes", absl::StrCat(nodes_[0].address(), ",", nodes_[1].address()),
+         "--ports-file", ports, "--max-report-age-ms", "2000"},
+        dir_ + "/router.log");
+    ASSERT_TRUE(router.ok()) << router.status();
+    router_ = std::make_unique<testing::ChildProcess>(std::move(*router));
+    auto port = testing::WaitForPort(ports, "grpc", absl::Seconds(60), router_.get());
+    ASSERT_TRUE(port.ok()) << port.status();
+    stub_ = v1::Router::NewStub(MakeChannel(absl::StrCat("127.0.0.1:", *port)));
+    // The router's view of both nodes becomes exact (snapshot, then stream).
+    for (int i = 0; i < 100 && !AllExact(); ++i) absl::SleepFor(absl::Milliseconds(100));
+    ASSERT_TRUE(AllExact());
+  }
+  void TearDown() override {
+    if (router_ != nullptr) {
+      EXPECT_EQ(router_->Stop(), 0);
+    }
+    nodes_.clear();
+    shards_.reset();
+    if (!HasFailure()) std::filesystem::remove_all(dir_);
+  }
+  v1::GetRoutingStateResponse State() {
+    grpc::ClientContext ctx;
+    v1::GetRoutingStateResponse state;
+    EXPECT_TRUE(stub_->GetRoutingState(&ctx, v1::GetRoutingStateRequest(), &state).ok());
+    return state;
+  }
+  bool AllExact() {
+    const v1::GetRoutingStateResponse s = State();
+    if (s.nodes_size() != 2) return false;
+    for (const v1::NodeRoutingView& n : s.nodes()) {
+      if (n.view() != v1::NODE_VIEW_EXACT) return false;
+    }
+    return true;
+  }
+  grpc::Status Recommend(const v1::RecommendRequest& req, v1::RecommendResponse* resp,
+                         std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+    return stub_->Recommend(&ctx, req, resp);
+  }
+  static void AddEvents(Rng& rng, int n, v1::RecommendRequest* r) {
+    for (int i = 0; i < n; ++i) {
+      v1::Event* e = r->add_history();
+      e->add_feature_ids(rng() % 100000);
+      e->add_feature_ids(rng() % 500);
+    }
+  }
+  static void AddCandidates(Rng& rng, int n, v1::RecommendRequest* r) {
+    for (int i = 0; i < n; ++i) {
+      v1::Candidate* c = r->add_candidates();
+      c->add_feature_ids(rng() % 100000);
+      c->add_feature_ids(rng() % 500);
+    }
+  }
+
+  std::string dir_;
+  std::unique_ptr<testing::ShardCluster> shards_;
+  std::vector<testing::NodeProcess> nodes_;
+  std::unique_ptr<testing::ChildProcess> router_;
+  std::unique_ptr<v1::Router::Stub> stub_;
+};
+
+TEST_F(RouterIntegrationTest, ReturningUsersGoBackToTheirKvAndFailOverWhenANodeGoes) {
+  Rng rng(7);
+  std::vector<v1::RecommendRequest> users(6);
+  std::vector<std::string> first_node(users.size());
+  for (size_t u = 0; u < users.size(); ++u) {
+    users[u].set_user_id(100 + u);
+    AddEvents(rng, 30, &users[u]);
+    AddCandidates(rng, 4, &users[u]);
+    v1::RecommendResponse resp;
+    ASSERT_TRUE(Recommend(users[u], &resp).ok());
+    EXPECT_EQ(resp.scores_size(), 4);
+    EXPECT_EQ(resp.cached_prefix_tokens(), 0u);
+    first_node[u] = resp.node_id();
+  }
+  absl::SleepFor(absl::Milliseconds(300));  // the kv_stored events reach the router
+  // Each returning user goes back to its node and reuses its K/V.
+  for (size_t u = 0; u < users.size(); ++u) {
+    AddEvents(rng, 10, &users[u]);
+    v1::RecommendResponse resp;
+    ASSERT_TRUE(Recommend(users[u], &resp).ok());
+    EXPECT_EQ(resp.node_id(), first_node[u]) << "user " << u;
+    EXPECT_EQ(resp.h_kv(), 1.0);
+    EXPECT_EQ(resp.cached_prefix_tokens(), 30u) << "user " << u;
+    EXPECT_FALSE(resp.stale_kv_hit());
+  }
+  const v1::GetRoutingStateResponse state = State();
+  uint64_t resident = 0;
+  for (const v1::NodeRoutingView& n : state.nodes()) resident += n.resident_users();
+  EXPECT_EQ(resident, users.size());
+  EXPECT_EQ(state.policy(), "hlem");
+
+  // node-a goes away (SIGTERM: it drains and exits): its users are served by node-b, and no
+  // request fails.
+  EXPECT_EQ(nodes_[0].process.Stop(), 0);
+  for (size_t u = 0; u < users.size(); ++u) {
+    AddEvents(rng, 2, &users[u]);
+    v1::RecommendResponse resp;
+    const grpc::Status st = Recommend(users[u], &resp);
+    ASSERT_TRUE(st.ok()) << "user " << u << ": " << st.error_message();
+    EXPECT_EQ(resp.node_id(), "node-b");
+  }
+}
+
+TEST_F(RouterIntegrationTest, BadInputGetsClearErrors) {
+  Rng rng(8);
+  v1::RecommendRequest ok;
+  ok.set_user_id(5);
+  AddEvents(rng, 3, &ok);
+  AddCandidates(rng, 2, &ok);
+  v1::RecommendResponse resp;
+  auto expect = [&](const v1::RecommendRequest& r, grpc::StatusCode code, const std::string& text,
+                    std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+    const grpc::Status st = Recommend(r, &resp, timeout);
+    EXPECT_EQ(st.error_code(), code) << st.error_message();
+    EXPECT_NE(st.error_message().find(text), std::string::npos) << st.error_message();
+  };
+  v1::RecommendRequest no_user = ok;
+  no_user.set_user_id(0);
+  expect(no_user, grpc::StatusCode::INVALID_ARGUMENT, "user_id");
+  v1::RecommendRequest no_candidates = ok;
+  no_candidates.clear_candidates();
+  expect(no_candidates, grpc::StatusCode::INVALID_ARGUMENT, "candidates");
+  v1::RecommendRequest many = ok;
+  AddCandidates(rng, 600, &many);
+  expect(many, grpc::StatusCode::INVALID_ARGUMENT, "exceeds the limit 512");
+  v1::RecommendRequest ragged = ok;
+  ragged.mutable_history(0)->add_feature_ids(1);
+  expect(ragged, grpc::StatusCode::INVALID_ARGUMENT, "history[0].feature_ids");
+  v1::RecommendRequest range = ok;
+  range.mutable_candidates(0)->set_feature_ids(0, 100000);  // passed through from the node
+  expect(range, grpc::StatusCode::OUT_OF_RANGE, "100000");
+  ASSERT_TRUE(Recommend(ok, &resp).ok());
+}
+
+}  // namespace
+}  // namespace hlem

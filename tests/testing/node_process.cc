@@ -1,0 +1,51 @@
+#include "tests/testing/node_process.h"
+
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/grpc_server.h"
+
+namespace hlem::testing {
+
+std::string NodeProcess::address() const { return absl::StrCat("127.0.0.1:", port); }
+
+absl::StatusOr<NodeProcess> StartNode(const std::string& binary, const std::string& dir,
+                                      const std::string& config, const std::string& name,
+                                      const std::vector<std::string>& shard_servers) {
+  const std::string ports = absl::StrCat(dir, "/", name, ".ports");
+  auto process = ChildProcess::Start({binary, "--config", config, "--node-id", name, "--ports-file",
+                                      ports, "--shard-servers", absl::StrJoin(shard_servers, ",")},
+                                     absl::StrCat(dir, "/", name, ".log"));
+  if (!process.ok()) return process.status();
+  NodeProcess n{std::move(*process)};
+  auto port = WaitForPort(ports, "grpc", absl::Seconds(120), &n.process);
+  if (!port.ok()) return port.status();
+  auto admin = WaitForPort(ports, "admin", absl::Seconds(5), &n.process);
+  if (!admin.ok()) return admin.status();
+  auto metrics = WaitForPort(ports, "metrics", absl::Seconds(5), &n.process);
+  if (!metrics.ok()) return metrics.status();
+  n.port = *port;
+  n.admin_port = *admin;
+  n.metrics_port = *metrics;
+  n.stub = hlem::v1::ServingNode::NewStub(MakeChannel(n.address()));
+  n.admin =
+      hlem::v1::ServingNodeAdmin::NewStub(MakeChannel(absl::StrCat("127.0.0.1:", n.admin_port)));
+  return n;
+}
+
+absl::StatusOr<std::unique_ptr<ShardCluster>> StartShardsForNodes(const std::string& shard_binary,
+                                                                  const std::string& dir,
+                                                                  const std::string& shards_yaml,
+                                                                  const std::string& node_yaml) {
+  ShardClusterOptions options;
+  options.binary = shard_binary;
+  options.work_dir = dir;
+  options.config_yaml = shards_yaml;
+  auto cluster = ShardCluster::Start(options);
+  if (!cluster.ok()) return cluster.status();
+  std::ofstream(dir + "/node.yaml") << node_yaml;
+  return cluster;
+}
+
+}  // namespace hlem::testing
