@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# The README's main job: a local HLEM cluster on synthetic data with a small HSTU, driven by a
-# synthetic closed-loop workload (the router, allocator and full load generator join in later
-# issues).
+# The README's main job: a local HLEM cluster on synthetic data with a small HSTU behind the
+# router, driven by a synthetic closed-loop workload (the allocator and the full load generator
+# join in later issues).
 #   1. installs missing Debian packages, builds the runtime targets (Release),
 #   2. starts the `local` shard cluster (deploy/local/shards.yaml: 2 shards, replicated) and checks
 #      rows read over UCX and gRPC byte for byte,
 #   3. starts 2 serving nodes (deploy/local/node.yaml) on OS-chosen loopback ports,
-#   4. drives them with returning users whose histories grow (`hlem node drive`: Zipf users and
-#      items, 64 candidates, user u on node u mod 2) and prints client latency and SLO figures and
-#      each node's window statistics; then moves α on both nodes and drives again,
-#   5. runs the node benchmark (cold vs returning users, cost split; docs/perf/node.md),
-#   6. stops everything (also on Ctrl-C or failure).
+#   4. starts the router in front of them (KV/EMB/load-aware routing, ARCHITECTURE §6),
+#   5. drives the router with returning users whose histories grow (`hlem node drive --router`:
+#      Zipf users and items, 64 candidates) and prints client latency and SLO figures, where the
+#      router sent them and why, the router's view and each node's window statistics; then moves
+#      α on both nodes and drives again,
+#   6. runs the node benchmark (cold vs returning users, cost split; docs/perf/node.md),
+#   7. stops everything (also on Ctrl-C or failure).
 # Options: --quick (fewer requests, benchmark smoke pass), HLEM_JOBS=N (build parallelism).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +30,7 @@ build_dir=build-release
 run_dir=out/local
 bash scripts/install-deps.sh
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DHLEM_BUILD_TESTS=ON >/dev/null
-cmake --build "$build_dir" -j "$jobs" --target embedding_shard serving_node hlem node_benchmark
+cmake --build "$build_dir" -j "$jobs" --target embedding_shard serving_node router hlem node_benchmark
 
 mkdir -p "$run_dir"
 pids=()
@@ -96,15 +98,27 @@ done
 node_list=$(IFS=,; echo "${nodes[*]}")
 "$build_dir/tools/hlem" node info --server "${nodes[0]}"
 
+echo "== starting the router in front of both nodes"
+rm -f "$run_dir/router.ports"
+"$build_dir/router/router" --nodes "$node_list" --ports-file "$run_dir/router.ports" \
+  >"$run_dir/router.log" 2>&1 &
+pids+=($!)
+router="127.0.0.1:$(wait_port router "${pids[-1]}" grpc)"
+echo "   router serving on $router"
+sleep 1  # the router takes each node's residency snapshot
+"$build_dir/tools/hlem" router state --server "$router"
+
 requests=6000
 [ "$quick" = 1 ] && requests=1000
 drive() {
-  "$build_dir/tools/hlem" node drive --servers "$node_list" --users 3000 --requests "$requests" \
-    --concurrency 2 --first-events 64 --new-events 8 --candidates 64 --slo-ms 50 --seed "$1"
+  "$build_dir/tools/hlem" node drive --router "$router" --servers "$node_list" --users 3000 \
+    --requests "$requests" --concurrency 2 --first-events 64 --new-events 8 --candidates 64 \
+    --slo-ms 50 --seed "$1"
+  "$build_dir/tools/hlem" router state --server "$router"
   sleep 5.5  # let a statistics window close
   for n in "${nodes[@]}"; do "$build_dir/tools/hlem" node state --server "$n" --windows 3; done
 }
-echo "== driving both nodes: $requests requests, 3000 users (Zipf 1.0), alpha 0.5"
+echo "== driving the router: $requests requests, 3000 users (Zipf 1.0), alpha 0.5"
 drive 1
 echo "== alpha 0.5 -> 0.3 on both nodes (metadata only; refill runs in the background)"
 for a in "${admins[@]}"; do "$build_dir/tools/hlem" node set-alpha --admin "$a" --alpha 0.3 --epoch 1 --decision 1; done

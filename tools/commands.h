@@ -11,5 +11,6 @@ using Run = std::function<int()>;
 void RegisterTableCommands(CLI::App& app, Run* run);
 void RegisterShardCommands(CLI::App& app, Run* run);
 void RegisterNodeCommands(CLI::App& app, Run* run);
+void RegisterRouterCommands(CLI::App& app, Run* run);
 
 }  // namespace hlem::tools

@@ -1,4 +1,4 @@
-// hlem: HLEM's command-line tools (table files, shard reads, serving nodes; later workload,
+// hlem: HLEM's command-line tools (table files, shard reads, serving nodes, router; later workload,
 // loadgen, cluster, sim, eval). Exit codes: 0 success, 1 the operation failed, 2 bad usage or
 // input.
 #include <cstdio>
@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   hlem::tools::RegisterTableCommands(app, &run);
   hlem::tools::RegisterShardCommands(app, &run);
   hlem::tools::RegisterNodeCommands(app, &run);
+  hlem::tools::RegisterRouterCommands(app, &run);
   CLI11_PARSE(app, argc, argv);
   if (auto s = hlem::InitLogging({.level = "warn"}); !s.ok()) return 2;
   return run ? run() : 2;

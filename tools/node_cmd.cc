@@ -22,6 +22,7 @@
 #include "common/rng.h"
 #include "common/zipf.h"
 #include "grpcpp/client_context.h"
+#include "hlem/v1/router.grpc.pb.h"
 #include "hlem/v1/serving_node.grpc.pb.h"
 #include "tools/commands.h"
 
@@ -127,6 +128,7 @@ int SetAlpha(const AlphaFlags& f) {
 
 struct DriveFlags {
   std::string servers;
+  std::string router;  // when set: requests go through the router's Recommend
   uint64_t users = 2000;
   uint64_t requests = 2000;
   int concurrency = 2;
@@ -151,6 +153,8 @@ int Drive(const DriveFlags& f) {
     std::fprintf(stderr, "hlem node drive: --servers: none\n");
     return 2;
   }
+  std::unique_ptr<v1::Router::Stub> router;
+  if (!f.router.empty()) router = v1::Router::NewStub(MakeChannel(f.router));
   if (f.users == 0 || f.requests == 0 || f.concurrency < 1 || f.candidates == 0) {
     std::fprintf(stderr,
                  "hlem node drive: --users, --requests, --concurrency and --candidates "
@@ -173,7 +177,7 @@ int Drive(const DriveFlags& f) {
   std::atomic<uint64_t> issued{0};
   std::mutex results_mu;
   std::vector<double> latencies_ms;
-  std::map<std::string, uint64_t> codes;
+  std::map<std::string, uint64_t> codes, nodes_used, reasons;
   uint64_t reused = 0, history_tokens = 0, stale = 0, answered = 0;
   const absl::Time start = absl::Now();
   auto worker = [&](int index) {
@@ -212,18 +216,35 @@ int Drive(const DriveFlags& f) {
       ctx.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::microseconds(static_cast<int64_t>(f.deadline_ms * 1e3)));
       v1::InferResponse resp;
+      v1::RecommendResponse routed;
       const absl::Time t0 = absl::Now();
-      grpc::Status s = stubs[id % stubs.size()]->Infer(&ctx, req, &resp);
+      grpc::Status s;
+      if (router != nullptr) {
+        v1::RecommendRequest rec;
+        rec.set_user_id(id);
+        rec.mutable_history()->Swap(req.mutable_history());
+        rec.mutable_candidates()->Swap(req.mutable_candidates());
+        s = router->Recommend(&ctx, rec, &routed);
+      } else {
+        s = stubs[id % stubs.size()]->Infer(&ctx, req, &resp);
+      }
       const double ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
       if (s.ok()) u.served = true;
       std::lock_guard<std::mutex> lock(results_mu);
       ++answered;
       if (s.ok()) latencies_ms.push_back(ms);  // a failed request misses the SLO
       ++codes[absl::StatusCodeToString(static_cast<absl::StatusCode>(s.error_code()))];
-      if (s.ok()) {
+      if (s.ok() && router != nullptr) {
+        reused += routed.cached_prefix_tokens();
+        history_tokens += routed.cached_prefix_tokens() + routed.computed_tokens() - f.candidates;
+        stale += routed.stale_kv_hit();
+        ++nodes_used[routed.node_id()];
+        ++reasons[v1::RoutingReason_Name(routed.reason())];
+      } else if (s.ok()) {
         reused += resp.cached_prefix_tokens();
         history_tokens += resp.history_tokens();
         stale += resp.stale_kv_hit();
+        ++nodes_used[resp.node_id()];
       }
     }
   };
@@ -258,6 +279,16 @@ int Drive(const DriveFlags& f) {
               static_cast<unsigned long long>(stale));
   for (const auto& [code, n] : codes) {
     std::printf(" %s %llu", code.c_str(), static_cast<unsigned long long>(n));
+  }
+  std::printf("\nnodes:");
+  for (const auto& [node, n] : nodes_used) {
+    std::printf(" %s %llu", node.c_str(), static_cast<unsigned long long>(n));
+  }
+  if (!reasons.empty()) {
+    std::printf("; routing reasons:");
+    for (const auto& [reason, n] : reasons) {
+      std::printf(" %s %llu", reason.c_str(), static_cast<unsigned long long>(n));
+    }
   }
   std::printf("\n");
   bool all_ok = codes.size() == 1 && codes.count("OK") == 1;
