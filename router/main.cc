@@ -14,14 +14,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "common/grpc_server.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
+#include "common/metrics.h"
 #include "grpcpp/client_context.h"
 #include "router/core/cluster.h"
 #include "router/core/residency_sync.h"
 #include "router/service/grpc_feed.h"
+#include "router/service/router_metrics.h"
 #include "router/service/router_service.h"
 
 namespace {
@@ -59,8 +62,8 @@ struct NodeLink {
 
 int main(int argc, char** argv) {
   CLI::App app{"HLEM router"};
-  std::string nodes_flag, listen = "127.0.0.1:0", ports_file, log_level = "info", policy = "hlem",
-                          all_overloaded = "least_loaded";
+  std::string nodes_flag, listen = "127.0.0.1:0", metrics_listen = "127.0.0.1:0", ports_file,
+                          log_level = "info", policy = "hlem", all_overloaded = "least_loaded";
   double tau = 0.85, epsilon = 0.05, c_kv = 1, c_emb = 1, c_load = 1, speculative_ttl_ms = 2000,
          max_report_age_ms = 3000, in_flight_capacity = 64, startup_timeout_s = 60;
   uint64_t seed = 1;
@@ -69,7 +72,9 @@ int main(int argc, char** argv) {
   app.add_option("--nodes", nodes_flag, "comma-separated serving addresses of the nodes")
       ->required();
   app.add_option("--listen", listen, "gRPC address (port 0 = any free port)");
-  app.add_option("--ports-file", ports_file, "write 'grpc=<port>' here once serving");
+  app.add_option("--metrics-listen", metrics_listen, "Prometheus /metrics address ('' = off)");
+  app.add_option("--ports-file", ports_file,
+                 "write 'grpc=<port>' and 'metrics=<port>' here once serving");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
   app.add_option("--policy", policy,
                  "hlem | round_robin | least_loaded | user_hash | kv_only | emb_only");
@@ -145,12 +150,20 @@ int main(int argc, char** argv) {
   auto cluster = hlem::router::Cluster::Create(options, clock);
   if (!cluster.ok()) return Fail(cluster.status());
 
+  hlem::MetricsRegistry registry;
+  hlem::router::RouterMetrics metrics(registry, options.policy);
+  std::unique_ptr<hlem::MetricsExposer> exposer;
+  if (!metrics_listen.empty()) {
+    auto created = hlem::MetricsExposer::Create(metrics_listen, registry);
+    if (!created.ok()) return Fail(created.status());
+    exposer = std::move(*created);
+  }
   hlem::router::RouterServiceImpl service(
       {.max_candidates = max_candidates,
        .max_history_events = max_history_events,
        .retry = retry,
        .features = static_cast<size_t>(infos[0].feature_tables_size())},
-      **cluster);
+      **cluster, &metrics);
   for (size_t i = 0; i < links.size(); ++i) {
     auto index = (*cluster)->AddNode(infos[i].node_id(), addresses[i]);
     if (!index.ok()) return Fail(index.status());
@@ -178,13 +191,30 @@ int main(int argc, char** argv) {
     const std::string tmp = ports_file + ".tmp";
     {
       std::ofstream out(tmp);
-      out << "grpc=" << (*server)->port() << "\n";
+      out << "grpc=" << (*server)->port() << "\n"
+          << "metrics=" << (exposer ? exposer->port() : 0) << "\n";
     }
     std::rename(tmp.c_str(), ports_file.c_str());
   }
   log->info("serving grpc_port={} policy={} nodes={}", (*server)->port(), policy, links.size());
 
+  // The cluster's gauges into Prometheus once a second.
+  absl::Mutex refresh_mu;
+  bool refreshing = true;
+  std::thread refresher([&] {
+    absl::MutexLock lock(&refresh_mu);
+    auto stopped = [&refreshing] { return !refreshing; };
+    do {
+      metrics.Refresh(**cluster);
+    } while (!refresh_mu.AwaitWithTimeout(absl::Condition(&stopped), absl::Seconds(1)));
+  });
+
   hlem::WaitForShutdownSignal(**server);
+  {
+    absl::MutexLock lock(&refresh_mu);
+    refreshing = false;
+  }
+  refresher.join();
   for (NodeLink& link : links) link.sync->Stop();
   for (NodeLink& link : links) link.thread.join();
   log->info("shutdown_done");

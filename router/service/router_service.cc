@@ -47,6 +47,17 @@ grpc::Status RouterServiceImpl::Recommend(grpc::ServerContext* context,
                                           const v1::RecommendRequest* request,
                                           v1::RecommendResponse* response) {
   const absl::Time received = absl::Now();
+  const grpc::Status st = Route(context, request, response);
+  if (metrics_ != nullptr) {
+    metrics_->ObserveRecommend(st.error_code(), absl::ToDoubleSeconds(absl::Now() - received));
+  }
+  return st;
+}
+
+grpc::Status RouterServiceImpl::Route(grpc::ServerContext* context,
+                                      const v1::RecommendRequest* request,
+                                      v1::RecommendResponse* response) {
+  const absl::Time received = absl::Now();
   const absl::Time deadline = DeadlineOf(*context);
   auto invalid = [](const std::string& message) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
@@ -97,7 +108,9 @@ grpc::Status RouterServiceImpl::Recommend(grpc::ServerContext* context,
     // A retry re-reads only the decision: the profile was updated by the first attempt.
     const RouteResult r = attempt == 0 ? cluster_.Route(request->user_id(), ids, delta, tried)
                                        : cluster_.Route(request->user_id(), {}, true, tried);
-    route_seconds += absl::ToDoubleSeconds(absl::Now() - route_start);
+    const double decision_seconds = absl::ToDoubleSeconds(absl::Now() - route_start);
+    route_seconds += decision_seconds;
+    if (metrics_ != nullptr) metrics_->ObserveDecision(r.decision, decision_seconds);
     if (r.decision.node < 0) {
       if (r.decision.reason == Reason::kShed) {
         return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,

@@ -14,6 +14,7 @@
 #include "hlem/v1/router.grpc.pb.h"
 #include "hlem/v1/serving_node.grpc.pb.h"
 #include "router/core/cluster.h"
+#include "router/service/router_metrics.h"
 
 namespace hlem::router {
 
@@ -26,8 +27,10 @@ struct RouterServiceOptions {
 
 class RouterServiceImpl final : public hlem::v1::Router::Service {
  public:
-  RouterServiceImpl(const RouterServiceOptions& options, Cluster& cluster)
-      : options_(options), cluster_(cluster) {}
+  // `metrics` may be null.
+  RouterServiceImpl(const RouterServiceOptions& options, Cluster& cluster,
+                    RouterMetrics* metrics = nullptr)
+      : options_(options), cluster_(cluster), metrics_(metrics) {}
 
   // The stub used to reach the cluster's node `index`.
   void SetNodeStub(int index, std::shared_ptr<hlem::v1::ServingNode::StubInterface> stub);
@@ -40,9 +43,12 @@ class RouterServiceImpl final : public hlem::v1::Router::Service {
 
  private:
   std::shared_ptr<hlem::v1::ServingNode::StubInterface> Stub(int index) const;
+  grpc::Status Route(grpc::ServerContext* context, const hlem::v1::RecommendRequest* request,
+                     hlem::v1::RecommendResponse* response);
 
   const RouterServiceOptions options_;
   Cluster& cluster_;
+  RouterMetrics* const metrics_;
   mutable absl::Mutex mu_;
   std::vector<std::shared_ptr<hlem::v1::ServingNode::StubInterface>> stubs_ ABSL_GUARDED_BY(mu_);
 };

@@ -62,20 +62,6 @@ grpc::Status Infer(NodeProcess& n, const v1::InferRequest& req, v1::InferRespons
   return n.stub->Infer(&ctx, req, resp);
 }
 
-// Plain HTTP GET of /metrics.
-std::string Scrape(int port) {
-  const std::string cmd = absl::StrCat("exec 3<>/dev/tcp/127.0.0.1/", port,
-                                       "; printf 'GET /metrics HTTP/1.0\\r\\n\\r\\n' >&3; cat <&3");
-  std::string body;
-  FILE* p = popen(absl::StrCat("bash -c \"", cmd, "\"").c_str(), "r");
-  if (p == nullptr) return body;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) body.append(buf, n);
-  pclose(p);
-  return body;
-}
-
 void AddEvents(Rng& rng, int n, v1::InferRequest* r) {
   for (int i = 0; i < n; ++i) {
     v1::Event* e = r->add_history();
@@ -152,7 +138,7 @@ TEST_F(NodeServiceIntegrationTest, ReturningUserComputesOnlyNewTokensAndScoresLi
   EXPECT_EQ(requests, 3u);
   EXPECT_GT(weighted_hits, 0.0);
   EXPECT_EQ(state.current().kv_resident_users(), 1u);
-  const std::string metrics = Scrape(warm->metrics_port);
+  const std::string metrics = testing::ScrapeMetrics(warm->metrics_port);
   for (const char* line :
        {"hlem_node_requests_total{code=\"OK\"} 3", "hlem_node_kv_tokens_total{kind=\"reused\"} 120",
         "hlem_node_batch_size_count 3", "hlem_node_alpha{kind=\"effective\"} 0.5"}) {

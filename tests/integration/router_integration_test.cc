@@ -58,6 +58,9 @@ class RouterIntegrationTest : public ::testing::Test {
     router_ = std::make_unique<testing::ChildProcess>(std::move(*router));
     auto port = testing::WaitForPort(ports, "grpc", absl::Seconds(60), router_.get());
     ASSERT_TRUE(port.ok()) << port.status();
+    auto metrics = testing::WaitForPort(ports, "metrics", absl::Seconds(5), router_.get());
+    ASSERT_TRUE(metrics.ok()) << metrics.status();
+    metrics_port_ = *metrics;
     stub_ = v1::Router::NewStub(MakeChannel(absl::StrCat("127.0.0.1:", *port)));
     // The router's view of both nodes becomes exact (snapshot, then stream).
     for (int i = 0; i < 100 && !AllExact(); ++i) absl::SleepFor(absl::Milliseconds(100));
@@ -111,6 +114,7 @@ class RouterIntegrationTest : public ::testing::Test {
   std::vector<testing::NodeProcess> nodes_;
   std::unique_ptr<testing::ChildProcess> router_;
   std::unique_ptr<v1::Router::Stub> stub_;
+  int metrics_port_ = 0;
 };
 
 TEST_F(RouterIntegrationTest, ReturningUsersGoBackToTheirKvAndFailOverWhenANodeGoes) {
@@ -143,6 +147,12 @@ TEST_F(RouterIntegrationTest, ReturningUsersGoBackToTheirKvAndFailOverWhenANodeG
   for (const v1::NodeRoutingView& n : state.nodes()) resident += n.resident_users();
   EXPECT_EQ(resident, users.size());
   EXPECT_EQ(state.policy(), "hlem");
+  const std::string metrics = testing::ScrapeMetrics(metrics_port_);
+  for (const char* line : {"hlem_router_requests_total{code=\"OK\"} 12",
+                           "hlem_router_decision_duration_seconds_count 12",
+                           "hlem_router_locality_sum{of=\"chosen\",signal=\"kv\"} 6"}) {
+    EXPECT_NE(metrics.find(line), std::string::npos) << line << "\n" << metrics.substr(0, 4000);
+  }
 
   // node-a goes away (SIGTERM: it drains and exits): its users are served by node-b, and no
   // request fails.

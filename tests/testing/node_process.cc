@@ -1,5 +1,6 @@
 #include "tests/testing/node_process.h"
 
+#include <cstdio>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
@@ -32,6 +33,19 @@ absl::StatusOr<NodeProcess> StartNode(const std::string& binary, const std::stri
   n.admin =
       hlem::v1::ServingNodeAdmin::NewStub(MakeChannel(absl::StrCat("127.0.0.1:", n.admin_port)));
   return n;
+}
+
+std::string ScrapeMetrics(int port) {
+  const std::string cmd = absl::StrCat("exec 3<>/dev/tcp/127.0.0.1/", port,
+                                       "; printf 'GET /metrics HTTP/1.0\\r\\n\\r\\n' >&3; cat <&3");
+  std::string body;
+  FILE* p = popen(absl::StrCat("bash -c \"", cmd, "\"").c_str(), "r");
+  if (p == nullptr) return body;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) body.append(buf, n);
+  pclose(p);
+  return body;
 }
 
 absl::StatusOr<std::unique_ptr<ShardCluster>> StartShardsForNodes(const std::string& shard_binary,

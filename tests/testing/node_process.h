@@ -27,6 +27,9 @@ absl::StatusOr<NodeProcess> StartNode(const std::string& binary, const std::stri
                                       const std::string& config, const std::string& name,
                                       const std::vector<std::string>& shard_servers);
 
+// The body of GET /metrics on 127.0.0.1:port (empty when it cannot connect).
+std::string ScrapeMetrics(int port);
+
 // One shard on loopback with two fp32 tables of dim 32 (item: 100 000 rows, category: 500), the
 // cluster the node and router integration tests run against.
 inline constexpr char kTestShardsYaml[] = R"(

@@ -1,0 +1,96 @@
+#include "router/service/router_metrics.h"
+
+#include "absl/status/status.h"
+
+namespace hlem::router {
+namespace {
+
+template <typename T>
+prometheus::Family<T>& Build(MetricsRegistry& r, const char* name, const char* help);
+template <>
+prometheus::Family<prometheus::Counter>& Build(MetricsRegistry& r, const char* name,
+                                               const char* help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(*r.registry());
+}
+template <>
+prometheus::Family<prometheus::Gauge>& Build(MetricsRegistry& r, const char* name,
+                                             const char* help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(*r.registry());
+}
+template <>
+prometheus::Family<prometheus::Histogram>& Build(MetricsRegistry& r, const char* name,
+                                                 const char* help) {
+  return prometheus::BuildHistogram().Name(name).Help(help).Register(*r.registry());
+}
+
+}  // namespace
+
+RouterMetrics::RouterMetrics(MetricsRegistry& r, PolicyKind policy)
+    : policy_(PolicyName(policy)),
+      decisions_(Build<prometheus::Counter>(r, "hlem_router_decisions_total",
+                                            "Routing decisions by policy and reason")),
+      decision_latency_(Build<prometheus::Histogram>(r, "hlem_router_decision_duration_seconds",
+                                                     "Time of one routing decision")
+                            .Add({}, ExponentialBuckets(1e-7, 2, 16))),
+      locality_(Build<prometheus::Counter>(
+          r, "hlem_router_locality_sum",
+          "Sum of h_kv / h_emb of the chosen node and of the best routable node")),
+      kv_chosen_(&locality_.Add({{"signal", "kv"}, {"of", "chosen"}})),
+      kv_best_(&locality_.Add({{"signal", "kv"}, {"of", "best"}})),
+      emb_chosen_(&locality_.Add({{"signal", "emb"}, {"of", "chosen"}})),
+      emb_best_(&locality_.Add({{"signal", "emb"}, {"of", "best"}})),
+      requests_(Build<prometheus::Counter>(r, "hlem_router_requests_total",
+                                           "Recommend answers by gRPC status code")),
+      request_latency_(Build<prometheus::Histogram>(r, "hlem_router_request_duration_seconds",
+                                                    "Recommend latency at the router")
+                           .Add({}, LatencyBuckets(0))),
+      node_load_(Build<prometheus::Gauge>(r, "hlem_router_node_load", "l(n) used for routing")),
+      node_view_(Build<prometheus::Gauge>(
+          r, "hlem_router_node_view",
+          "The router's view of a node: 0 exact, 1 degraded, 2 unreachable")),
+      node_users_(Build<prometheus::Gauge>(r, "hlem_router_node_resident_users",
+                                           "Users whose K/V the router believes resident")),
+      events_(Build<prometheus::Gauge>(r, "hlem_router_residency_events",
+                                       "Residency protocol counters (applied, ignored, gaps, "
+                                       "snapshots, epoch_resets, filter_full)")),
+      profiles_(Build<prometheus::Gauge>(r, "hlem_router_cached_profiles",
+                                         "Users with a cached shard profile")
+                    .Add({})),
+      index_bytes_(
+          Build<prometheus::Gauge>(r, "hlem_router_index_bytes", "Memory of the routing index")
+              .Add({})) {}
+
+void RouterMetrics::ObserveDecision(const Decision& d, double seconds) {
+  decisions_.Add({{"policy", policy_}, {"reason", ReasonName(d.reason)}}).Increment();
+  decision_latency_.Observe(seconds);
+  if (d.node < 0) return;
+  kv_chosen_->Increment(d.h_kv);
+  kv_best_->Increment(d.best_h_kv);
+  emb_chosen_->Increment(d.h_emb);
+  emb_best_->Increment(d.best_h_emb);
+}
+
+void RouterMetrics::ObserveRecommend(int code, double seconds) {
+  requests_.Add({{"code", absl::StatusCodeToString(static_cast<absl::StatusCode>(code))}})
+      .Increment();
+  request_latency_.Observe(seconds);
+}
+
+void RouterMetrics::Refresh(const Cluster& cluster) {
+  for (const NodeStatus& n : cluster.Nodes()) {
+    node_load_.Add({{"node", n.id}}).Set(n.load);
+    node_view_.Add({{"node", n.id}}).Set(static_cast<double>(n.view));
+    node_users_.Add({{"node", n.id}}).Set(static_cast<double>(n.resident_users));
+  }
+  const ClusterStats s = cluster.Stats();
+  events_.Add({{"counter", "applied"}}).Set(static_cast<double>(s.events_applied));
+  events_.Add({{"counter", "ignored"}}).Set(static_cast<double>(s.events_ignored));
+  events_.Add({{"counter", "gaps"}}).Set(static_cast<double>(s.gaps));
+  events_.Add({{"counter", "snapshots"}}).Set(static_cast<double>(s.snapshots));
+  events_.Add({{"counter", "epoch_resets"}}).Set(static_cast<double>(s.epoch_resets));
+  events_.Add({{"counter", "filter_full"}}).Set(static_cast<double>(s.filter_full));
+  profiles_.Set(static_cast<double>(s.cached_profiles));
+  index_bytes_.Set(static_cast<double>(s.index_bytes));
+}
+
+}  // namespace hlem::router

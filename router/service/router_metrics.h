@@ -1,0 +1,47 @@
+#pragma once
+// The router's metrics (hlem_router_*): Recommend answers by code and latency; decisions by policy
+// and reason with their latency (µs buckets); the locality of the chosen node and the best one
+// available (sums of h_kv and h_emb: their ratio is the locality given up for load); and, refreshed
+// from the cluster once a second, each node's load and view, event counters (applied, ignored,
+// gaps, snapshots, epoch resets, filter full), cached profiles and index memory. Thread-safe.
+
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "common/metrics.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "router/core/cluster.h"
+
+namespace hlem::router {
+
+class RouterMetrics {
+ public:
+  RouterMetrics(MetricsRegistry& registry, PolicyKind policy);
+  void ObserveDecision(const Decision& d, double seconds);
+  void ObserveRecommend(int code, double seconds);
+  void Refresh(const Cluster& cluster);
+
+ private:
+  const std::string policy_;
+  prometheus::Family<prometheus::Counter>& decisions_;
+  prometheus::Histogram& decision_latency_;
+  prometheus::Family<prometheus::Counter>& locality_;
+  prometheus::Counter* kv_chosen_;
+  prometheus::Counter* kv_best_;
+  prometheus::Counter* emb_chosen_;
+  prometheus::Counter* emb_best_;
+  prometheus::Family<prometheus::Counter>& requests_;
+  prometheus::Histogram& request_latency_;
+  prometheus::Family<prometheus::Gauge>& node_load_;
+  prometheus::Family<prometheus::Gauge>& node_view_;
+  prometheus::Family<prometheus::Gauge>& node_users_;
+  prometheus::Family<prometheus::Gauge>& events_;
+  prometheus::Gauge& profiles_;
+  prometheus::Gauge& index_bytes_;
+};
+
+}  // namespace hlem::router
