@@ -20,6 +20,7 @@
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/metrics.h"
+#include "common/periodic.h"
 #include "grpcpp/client_context.h"
 #include "router/core/cluster.h"
 #include "router/core/residency_sync.h"
@@ -199,22 +200,11 @@ int main(int argc, char** argv) {
   log->info("serving grpc_port={} policy={} nodes={}", (*server)->port(), policy, links.size());
 
   // The cluster's gauges into Prometheus once a second.
-  absl::Mutex refresh_mu;
-  bool refreshing = true;
-  std::thread refresher([&] {
-    absl::MutexLock lock(&refresh_mu);
-    auto stopped = [&refreshing] { return !refreshing; };
-    do {
-      metrics.Refresh(**cluster);
-    } while (!refresh_mu.AwaitWithTimeout(absl::Condition(&stopped), absl::Seconds(1)));
-  });
+  auto refresher =
+      std::make_unique<hlem::PeriodicThread>(absl::Seconds(1), [&] { metrics.Refresh(**cluster); });
 
   hlem::WaitForShutdownSignal(**server);
-  {
-    absl::MutexLock lock(&refresh_mu);
-    refreshing = false;
-  }
-  refresher.join();
+  refresher.reset();
   for (NodeLink& link : links) link.sync->Stop();
   for (NodeLink& link : links) link.thread.join();
   log->info("shutdown_done");

@@ -16,6 +16,7 @@
 #include "common/grpc_server.h"
 #include "common/logging.h"
 #include "common/metrics.h"
+#include "common/periodic.h"
 #include "embedding_shard/client/shard_client_factory.h"
 #include "serving_node/service/node_config.h"
 #include "serving_node/service/node_metrics.h"
@@ -144,15 +145,8 @@ int main(int argc, char** argv) {
   service->SetAdminPort(static_cast<uint32_t>((*server)->admin_port()));
 
   // Gauges and cumulative counters into Prometheus once a second.
-  absl::Mutex refresh_mu;
-  bool refreshing = true;
-  std::thread refresher([&] {
-    absl::MutexLock lock(&refresh_mu);
-    auto stopped = [&refreshing] { return !refreshing; };
-    do {
-      metrics.Refresh(*s.node);
-    } while (!refresh_mu.AwaitWithTimeout(absl::Condition(&stopped), absl::Seconds(1)));
-  });
+  auto refresher =
+      std::make_unique<hlem::PeriodicThread>(absl::Seconds(1), [&] { metrics.Refresh(*s.node); });
 
   if (!ports_file.empty()) {
     std::string tmp = ports_file + ".tmp";
@@ -181,11 +175,7 @@ int main(int argc, char** argv) {
   service->Stop();
   (*server)->Shutdown();
   log->info("server_stopped node={}", config->node.node_id);
-  {
-    absl::MutexLock lock(&refresh_mu);
-    refreshing = false;
-  }
-  refresher.join();
+  refresher.reset();
   log->info("shutdown_done node={} drained={} in_flight={}", config->node.node_id, drained.drained,
             drained.in_flight_requests);
   return 0;

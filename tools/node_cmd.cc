@@ -325,9 +325,11 @@ void RegisterNodeCommands(CLI::App& app, Run* run) {
       "drive", "closed-loop synthetic load: returning users with growing histories");
   drive
       ->add_option("--servers", d->servers,
-                   "comma-separated serving addresses; user u goes to "
-                   "node u mod n")
+                   "comma-separated serving addresses (node info; without --router user u goes "
+                   "to node u mod n)")
       ->required();
+  drive->add_option("--router", d->router,
+                    "router address: send Recommend through it instead of Infer to the nodes");
   drive->add_option("--users", d->users, "user population");
   drive->add_option("--requests", d->requests, "requests in all");
   drive->add_option("--concurrency", d->concurrency, "requests in flight");
