@@ -94,13 +94,17 @@ int main(int argc, char** argv) {
                  "older load reports make a node count as saturated")
       ->check(CLI::Range(1.0, 600000.0));
   app.add_option("--in-flight-capacity", in_flight_capacity,
-                 "dispatches since a load report that make a node fully loaded")
+                 "router requests in flight (beyond the last load report) that fill a node")
       ->check(CLI::PositiveNumber);
   app.add_option("--max-candidates", max_candidates, "candidates per request");
   app.add_option("--max-history-events", max_history_events, "events per request");
   app.add_option("--retry", retry, "retry once on the next-best node when a node is unavailable");
   app.add_option("--seed", seed, "tie-breaking seed");
   app.add_option("--startup-timeout-s", startup_timeout_s, "wait this long for the nodes");
+  double drain_seconds = 2;
+  app.add_option("--drain-timeout", drain_seconds,
+                 "seconds SIGTERM waits for Recommend calls in flight")
+      ->check(CLI::Range(0.0, 3600.0));
   CLI11_PARSE(app, argc, argv);
 
   hlem::InstallShutdownSignals();
@@ -186,6 +190,9 @@ int main(int argc, char** argv) {
   hlem::GrpcServerOptions server_options;
   server_options.listen = listen;
   server_options.max_message_bytes = 64 << 20;
+  // In-flight Recommend calls carry deadlines of the order of the SLO; a longer grace would only
+  // wait for idle client channels to answer the GOAWAY (docs/node.md, SIGTERM).
+  server_options.drain_timeout = absl::Seconds(drain_seconds);
   auto server = hlem::GrpcServer::Create(server_options, {&service});
   if (!server.ok()) return Fail(server.status());
   if (!ports_file.empty()) {

@@ -199,7 +199,7 @@ int Drive(const DriveFlags& f) {
       const uint32_t add = u.history.empty() ? f.first_events : f.new_events;
       for (uint32_t e = 0; e < add; ++e) event(&u.history);
       v1::InferRequest req;
-      req.set_user_id(id);
+      req.set_user_id(id + 1);  // user ids start at 1 (0 means "no user" to the router)
       req.set_expected_kv_resident(u.served);
       for (size_t e = 0; e < u.history.size(); e += static_cast<size_t>(features)) {
         v1::Event* ev = req.add_history();
@@ -221,12 +221,12 @@ int Drive(const DriveFlags& f) {
       grpc::Status s;
       if (router != nullptr) {
         v1::RecommendRequest rec;
-        rec.set_user_id(id);
+        rec.set_user_id(id + 1);
         rec.mutable_history()->Swap(req.mutable_history());
         rec.mutable_candidates()->Swap(req.mutable_candidates());
         s = router->Recommend(&ctx, rec, &routed);
       } else {
-        s = stubs[id % stubs.size()]->Infer(&ctx, req, &resp);
+        s = stubs[(id + 1) % stubs.size()]->Infer(&ctx, req, &resp);
       }
       const double ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
       if (s.ok()) u.served = true;

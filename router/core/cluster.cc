@@ -36,7 +36,7 @@ struct Cluster::Node {
   absl::Time report_time = absl::InfinitePast();
   bool draining = false;
   uint32_t in_flight = 0;
-  uint32_t since_report = 0;
+  uint32_t in_flight_at_report = 0;  // the router's in-flight requests when the report arrived
   uint64_t dispatches = 0;
 };
 
@@ -259,7 +259,7 @@ absl::Status Cluster::Apply(int node, const ResidencyEvent& e) {
       n.reported_load = std::clamp(e.load.load, 0.0, 1.0);
       n.draining = e.load.draining;
       n.report_time = clock_.Now();
-      n.since_report = 0;
+      n.in_flight_at_report = n.in_flight;
       break;
   }
   return absl::OkStatus();
@@ -285,7 +285,7 @@ void Cluster::Reset(int node, const serving::ResidencySnapshot& s) {
   n.reported_load = std::clamp(s.load.load, 0.0, 1.0);
   n.draining = s.load.draining;
   n.report_time = clock_.Now();
-  n.since_report = 0;
+  n.in_flight_at_report = n.in_flight;
   n.view = full ? NodeView::kDegraded : NodeView::kExact;
   n.awaiting_replay = false;
   if (full) ++stats_.filter_full;
@@ -303,7 +303,11 @@ double Cluster::LoadLocked(const Node& n, absl::Time now) const {
 
 double Cluster::LoadLocked(const Node& n, absl::Time stale_before, int) const {
   if (n.view != NodeView::kExact || n.draining || n.report_time < stale_before) return 1.0;
-  return std::min(1.0, n.reported_load + n.since_report / options_.in_flight_capacity);
+  // The report counts what was in flight then; requests the router added since and still has in
+  // flight come on top.
+  const uint32_t added =
+      n.in_flight > n.in_flight_at_report ? n.in_flight - n.in_flight_at_report : 0;
+  return std::min(1.0, n.reported_load + added / options_.in_flight_capacity);
 }
 
 void Cluster::ForgetSpeculativeLocked(int node, uint64_t user) {
@@ -377,7 +381,6 @@ RouteResult Cluster::Route(uint64_t user, std::span<const uint64_t> history, boo
     result.node_id = n.id;
     entry.affinity = result.decision.node;
     ++n.in_flight;
-    ++n.since_report;
     ++n.dispatches;
     if (!n.kv.Contains(user)) {
       entry.speculative_node = result.decision.node;
@@ -407,6 +410,7 @@ void Cluster::Completed(int node) {
   if (node < 0 || node >= static_cast<int>(nodes_.size()) || nodes_[node] == nullptr) return;
   Node& n = *nodes_[node];
   if (n.in_flight > 0) --n.in_flight;
+  if (n.in_flight_at_report > n.in_flight) n.in_flight_at_report = n.in_flight;
 }
 
 void Cluster::Forget(int node, uint64_t user) {

@@ -10,8 +10,9 @@
 // lookups), the view state (exact / degraded / unreachable), the last load report and the router's
 // own dispatches since it.
 //
-// Load: l(n) = min(1, reported load + dispatches since that report ÷ in_flight_capacity), so a
-// burst between two reports does not herd onto one node; 1 when the last report is older than
+// Load: l(n) = min(1, reported load + (requests the router has in flight to the node beyond those
+// it had when the report came) ÷ in_flight_capacity), so a burst between two reports does not herd
+// onto one node and answered requests stop counting at once; 1 when the last report is older than
 // `max_report_age`, when the node drains, or while the view is degraded (saturated: routable only
 // when every node is). Unreachable nodes receive nothing.
 //
@@ -56,7 +57,7 @@ struct ClusterOptions {
   std::vector<FeatureShards> features;  // of the model's feature tables, in feature_ids order
   absl::Duration speculative_ttl = absl::Seconds(2);
   absl::Duration max_report_age = absl::Seconds(3);
-  double in_flight_capacity = 64;    // dispatches since a report that make a node fully loaded
+  double in_flight_capacity = 64;    // router requests in flight that make a node fully loaded
   size_t kv_filter_capacity = 8192;  // users per node until a snapshot says more
   double kv_filter_headroom = 1.25;  // a snapshot sizes the filter for this × its users
   size_t user_cache_capacity = 1 << 17;
