@@ -66,14 +66,7 @@ class NodeTest : public ::testing::Test {
     ASSERT_TRUE(node.ok()) << node.status();
     node_ = std::move(*node);
   }
-  static std::vector<uint64_t> Events(Rng& rng, size_t n) {
-    std::vector<uint64_t> ids;
-    for (size_t i = 0; i < n; ++i) {
-      ids.push_back(rng() % 1000);
-      ids.push_back(rng() % 50);
-    }
-    return ids;
-  }
+  static std::vector<uint64_t> Events(Rng& rng, size_t n) { return RandomEvents(rng, n); }
 
   RealClock clock_;
   std::unique_ptr<HbmPool> pool_;

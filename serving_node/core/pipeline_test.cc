@@ -46,14 +46,7 @@ class PipelineTest : public ::testing::Test {
     ASSERT_TRUE(p.ok()) << p.status();
     pipeline_ = std::move(*p);
   }
-  static std::vector<uint64_t> Events(Rng& rng, size_t n) {
-    std::vector<uint64_t> ids;
-    for (size_t i = 0; i < n; ++i) {
-      ids.push_back(rng() % 1000);
-      ids.push_back(rng() % 50);
-    }
-    return ids;
-  }
+  static std::vector<uint64_t> Events(Rng& rng, size_t n) { return RandomEvents(rng, n); }
   InferInput Input(uint64_t user, std::vector<uint64_t> history, std::vector<uint64_t> cand) {
     return {.user = user, .history = std::move(history), .candidates = std::move(cand)};
   }

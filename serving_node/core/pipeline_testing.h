@@ -130,4 +130,14 @@ inline void ExpectNear(const std::vector<float>& got, const std::vector<float>& 
   for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-3) << i;
 }
 
+// n random events of kFeatures (item < 1000, category < 50), event-major.
+inline std::vector<uint64_t> RandomEvents(Rng& rng, size_t n) {
+  std::vector<uint64_t> ids;
+  for (size_t i = 0; i < n; ++i) {
+    ids.push_back(rng() % 1000);
+    ids.push_back(rng() % 50);
+  }
+  return ids;
+}
+
 }  // namespace hlem::serving::testing

@@ -45,7 +45,7 @@ void RequestQueue::Submit(InferInput in, Done done) {
           absl::StrCat("the node's queue is full (", options_.max_queue, " requests)"));
     } else {
       // Inter-arrival gap, smoothed over the last few requests (adaptive batch window).
-      const absl::Time now = absl::Now();
+      const absl::Time now = clock_.Now();
       if (last_arrival_ != absl::InfinitePast()) {
         const absl::Duration gap = now - last_arrival_;
         gap_ewma_ = gap_ewma_ == absl::InfiniteDuration() ? gap : gap_ewma_ * 0.75 + gap * 0.25;
