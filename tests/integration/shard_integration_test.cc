@@ -46,6 +46,25 @@ std::string WorkDir(const std::string& name) {
   return absl::StrCat(::testing::TempDir(), "/hlem_shard_it_", name, "_", getpid());
 }
 
+// Removes this run's work directories when every test passed (a failure keeps the logs).
+class RemoveWorkDirs : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    if (::testing::UnitTest::GetInstance()->failed_test_count() > 0) return;
+    const std::string suffix = absl::StrCat("_", getpid());
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(::testing::TempDir(), ec)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind("hlem_shard_it_", 0) == 0 && name.size() > suffix.size() &&
+          name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+        std::filesystem::remove_all(entry.path(), ec);
+      }
+    }
+  }
+};
+[[maybe_unused]] ::testing::Environment* const kRemoveWorkDirs =
+    ::testing::AddGlobalTestEnvironment(new RemoveWorkDirs);
+
 std::unique_ptr<testing::ShardCluster> StartCluster(const std::string& name, uint32_t replicas,
                                                     const std::string& transports = "auto") {
   testing::ShardClusterOptions options;
