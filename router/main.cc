@@ -147,7 +147,13 @@ int main(int argc, char** argv) {
     options.features.push_back({t.table_id(), t.residency_shard_rows()});
   }
   for (size_t i = 1; i < infos.size(); ++i) {
-    if (infos[i].feature_tables_size() != infos[0].feature_tables_size()) {
+    bool same = infos[i].feature_tables_size() == infos[0].feature_tables_size();
+    for (int f = 0; same && f < infos[i].feature_tables_size(); ++f) {
+      same = infos[i].feature_tables(f).table_id() == infos[0].feature_tables(f).table_id() &&
+             infos[i].feature_tables(f).residency_shard_rows() ==
+                 infos[0].feature_tables(f).residency_shard_rows();
+    }
+    if (!same) {
       return Fail(absl::FailedPreconditionError(
           absl::StrCat("node ", addresses[i], " has other feature tables than ", addresses[0])));
     }

@@ -297,11 +297,7 @@ void Cluster::SetUnreachable(int node) {
   nodes_[node]->view = NodeView::kUnreachable;
 }
 
-double Cluster::LoadLocked(const Node& n, absl::Time now) const {
-  return LoadLocked(n, now - options_.max_report_age, 0);
-}
-
-double Cluster::LoadLocked(const Node& n, absl::Time stale_before, int) const {
+double Cluster::LoadLocked(const Node& n, absl::Time stale_before) const {
   if (n.view != NodeView::kExact || n.draining || n.report_time < stale_before) return 1.0;
   // The report counts what was in flight then; requests the router added since and still has in
   // flight come on top.
@@ -368,7 +364,7 @@ RouteResult Cluster::Route(uint64_t user, std::span<const uint64_t> history, boo
     signals_.push_back({.node = i,
                         .h_kv = i == speculative || n->kv.Contains(probe) ? 1.0 : 0.0,
                         .h_emb = emb_counts_[static_cast<size_t>(i)] / profile_size,
-                        .load = LoadLocked(*n, stale_before, 0),
+                        .load = LoadLocked(*n, stale_before),
                         .key = n->key});
   }
   RouteResult result;
@@ -436,7 +432,7 @@ std::vector<NodeStatus> Cluster::Nodes() const {
                    .view = n->view,
                    .epoch = n->epoch,
                    .last_seq = n->seq,
-                   .load = LoadLocked(*n, now),
+                   .load = LoadLocked(*n, now - options_.max_report_age),
                    .reported_load = n->reported_load,
                    .report_age = now - n->report_time,
                    .in_flight = n->in_flight,

@@ -139,10 +139,8 @@ class Cluster {
     uint64_t last_use = 0;
   };
   Cluster(const ClusterOptions& options, const Weights& weights, Clock& clock);
-  double LoadLocked(const Node& n, absl::Time now) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // The same with the staleness cut-off computed once per decision.
-  double LoadLocked(const Node& n, absl::Time stale_before, int) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // l(n); `stale_before` = now − max_report_age (computed once per decision).
+  double LoadLocked(const Node& n, absl::Time stale_before) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void ForgetSpeculativeLocked(int node, uint64_t user) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetShardLocked(int node, ShardKey shard, bool resident) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint32_t InternLocked(ShardKey shard) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
