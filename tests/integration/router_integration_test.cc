@@ -194,6 +194,11 @@ TEST_F(RouterIntegrationTest, BadInputGetsClearErrors) {
   v1::RecommendRequest range = ok;
   range.mutable_candidates(0)->set_feature_ids(0, 100000);  // passed through from the node
   expect(range, grpc::StatusCode::OUT_OF_RANGE, "100000");
+  // Delta mode with a prefix the node never gave out: the node's FAILED_PRECONDITION comes back.
+  v1::RecommendRequest delta = ok;
+  delta.mutable_delta()->set_length(3);
+  delta.mutable_delta()->set_hash(12345);
+  expect(delta, grpc::StatusCode::FAILED_PRECONDITION, "resend the full history");
   ASSERT_TRUE(Recommend(ok, &resp).ok());
 }
 
