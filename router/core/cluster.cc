@@ -349,11 +349,13 @@ RouteResult Cluster::Route(uint64_t user, std::span<const uint64_t> history, boo
     for (size_t k = 0; k < words_; ++k) {
       for (uint64_t w = bits_[p.shard * words_ + k]; w != 0; w &= w - 1) {
         const size_t node = k * 64 + static_cast<size_t>(std::countr_zero(w));
-        if (node < emb_counts_.size()) ++emb_counts_[node];
+        if (node < emb_counts_.size()) emb_counts_[node] += options_.h_emb_by_events ? p.count : 1;
       }
     }
   }
-  const double profile_size = static_cast<double>(std::max<size_t>(1, entry.profile.size()));
+  uint64_t total = 0;
+  for (const CompactEntry& p : entry.profile) total += options_.h_emb_by_events ? p.count : 1;
+  const double profile_size = static_cast<double>(std::max<uint64_t>(1, total));
   const KvFilter::Probe probe = KvFilter::ProbeOf(user);
   const absl::Time stale_before = now - options_.max_report_age;
   signals_.clear();

@@ -62,6 +62,10 @@ struct ClusterOptions {
   double kv_filter_headroom = 1.25;  // a snapshot sizes the filter for this × its users
   size_t user_cache_capacity = 1 << 17;
   uint64_t seed = 1;  // tie-breaking
+  // h_emb = |Prof ∩ EMBM| ÷ |Prof| (the paper's, false), or the share of the profile's events
+  // whose shard the node holds (true): a user's traffic is skewed towards its top shards, and the
+  // weighted form predicts the node's EMB hit rate a little better (docs/perf/router.md).
+  bool h_emb_by_events = false;
 };
 
 // What one Route saw and chose.

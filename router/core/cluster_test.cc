@@ -59,6 +59,31 @@ TEST_F(ClusterTest, ReturningUserGoesToItsKvAndEmbLocalityCounts) {
   cluster_->Completed(r.decision.node);
 }
 
+TEST_F(ClusterTest, HEmbCountsProfileShardsOrTheirEvents) {
+  // Six events in shard 0, two in shard 1, one in shard 2; node 0 holds shard 0, node 1 holds
+  // shards 1 and 2.
+  const std::vector<uint64_t> history = {1, 2, 3, 4, 5, 6, 101, 102, 201};
+  ASSERT_TRUE(Event(0, {.kind = Kind::kEmbShardResident, .table_id = 0, .shard = 0}).ok());
+  ASSERT_TRUE(Event(1, {.kind = Kind::kEmbShardResident, .table_id = 0, .shard = 1}).ok());
+  ASSERT_TRUE(Event(1, {.kind = Kind::kEmbShardResident, .table_id = 0, .shard = 2}).ok());
+  // The paper's h_emb: |Prof ∩ EMBM| ÷ |Prof| = 2/3 on node 1, 1/3 on node 0.
+  RouteResult r = cluster_->Route(7, history, false);
+  EXPECT_EQ(r.node_id, "n1");
+  EXPECT_DOUBLE_EQ(r.decision.h_emb, 2.0 / 3);
+  cluster_->Completed(r.decision.node);
+  // Weighted by the profile's events: 6/9 on node 0, 3/9 on node 1.
+  ClusterOptions o;
+  o.h_emb_by_events = true;
+  Build(o);
+  ASSERT_TRUE(Event(0, {.kind = Kind::kEmbShardResident, .table_id = 0, .shard = 0}).ok());
+  ASSERT_TRUE(Event(1, {.kind = Kind::kEmbShardResident, .table_id = 0, .shard = 1}).ok());
+  ASSERT_TRUE(Event(1, {.kind = Kind::kEmbShardResident, .table_id = 0, .shard = 2}).ok());
+  r = cluster_->Route(7, history, false);
+  EXPECT_EQ(r.node_id, "n0");
+  EXPECT_DOUBLE_EQ(r.decision.h_emb, 6.0 / 9);
+  EXPECT_DOUBLE_EQ(r.decision.best_h_emb, 6.0 / 9);
+}
+
 TEST_F(ClusterTest, SpeculativeEntriesExpireUnlessConfirmed) {
   ClusterOptions o;
   o.speculative_ttl = absl::Seconds(2);

@@ -143,6 +143,14 @@ void KvCache::Touch(Entry* e) {
   if (e->pins == 0 && !e->pages.empty()) LruPushBack(e);
 }
 
+bool KvCache::Touch(uint64_t user) {
+  absl::MutexLock lock(&mu_);
+  Entry* e = Find(user);
+  if (e == nullptr || e->pages.empty()) return false;
+  Touch(e);
+  return true;
+}
+
 void KvCache::Publish(ResidencyEvent::Kind kind, uint64_t user, uint64_t tokens,
                       ResidencyEvent::Cause cause) {
   if (events_ == nullptr) return;

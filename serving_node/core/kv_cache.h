@@ -175,6 +175,11 @@ class KvCache {
   std::optional<KvLookupResult> LookupPrefix(uint64_t user, const KvPrefix& expected,
                                              uint64_t requested_tokens);
 
+  // Marks the user's KV as just used (the most-recently-used end of the LRU), e.g. when a request
+  // of the user is admitted, so the requests queued before it do not evict it; false when the user
+  // has no KV.
+  bool Touch(uint64_t user);
+
   // Pin count: a pinned user is never evicted, truncated or reclaimed by another operation.
   // Pinning a user without an entry creates an empty one. Unpin: FAILED_PRECONDITION when the user
   // is not pinned. The last Unpin frees retired pages and puts the user at the MRU end of the LRU.

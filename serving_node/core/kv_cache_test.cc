@@ -453,6 +453,23 @@ TEST_F(KvCacheTest, EvictsLeastRecentlyUsedUnderBudget) {
   ExpectConsistent();
 }
 
+TEST_F(KvCacheTest, TouchMakesAUserTheMostRecentlyUsed) {
+  Init(12);
+  cache_->SetBudgetPages(4);
+  const std::vector<uint64_t> a = Tokens(1, 32), b = Tokens(2, 32), c = Tokens(3, 32);
+  MustAppend(1, a, 32);
+  clock_.AdvanceBy(absl::Seconds(1));
+  MustAppend(2, b, 32);
+  clock_.AdvanceBy(absl::Seconds(1));
+  EXPECT_TRUE(cache_->Touch(1));  // a request of user 1 was admitted
+  EXPECT_FALSE(cache_->Touch(9));
+  clock_.AdvanceBy(absl::Seconds(1));
+  EXPECT_EQ(MustAppend(3, c, 32).evicted_users, 1u);
+  EXPECT_EQ(cache_->cached_len(1), 32u);
+  EXPECT_EQ(cache_->cached_len(2), 0u);
+  ExpectConsistent();
+}
+
 TEST_F(KvCacheTest, AppenderIsNeverItsOwnVictim) {
   Init(3);
   auto h1 = Tokens(1, 32);

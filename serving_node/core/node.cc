@@ -188,6 +188,8 @@ void Node::Infer(InferInput in, Done done) {
     return;
   }
   MaybeReportLoad();
+  // The requests queued before this one must not evict the K/V it is about to reuse.
+  parts_.kv->Touch(user);
   parts_.queue->Submit(std::move(in), [this, user, expected, tokens, received,
                                        done = std::move(done)](absl::StatusOr<InferOutput> r) {
     Answer(user, expected, tokens, received, true, std::move(r), done);

@@ -1,5 +1,7 @@
 #include "serving_node/core/residency_events.h"
 
+#include <cstddef>
+
 #include "absl/strings/str_cat.h"
 
 namespace hlem::serving {
@@ -31,11 +33,9 @@ absl::StatusOr<std::vector<ResidencyEvent>> ResidencyEventLog::Since(uint64_t fr
                                                       " were dropped (oldest kept: ", oldest,
                                                       "); take a snapshot"));
   }
-  std::vector<ResidencyEvent> out;
-  for (const ResidencyEvent& e : log_) {
-    if (e.seq >= from_seq) out.push_back(e);
-  }
-  return out;
+  // Seqs in the log are consecutive: start at from_seq's position instead of scanning.
+  const size_t first = from_seq <= oldest ? 0 : static_cast<size_t>(from_seq - oldest);
+  return std::vector<ResidencyEvent>(log_.begin() + static_cast<std::ptrdiff_t>(first), log_.end());
 }
 
 uint64_t ResidencyEventLog::last_seq() const {
