@@ -6,12 +6,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/grpc_health_probe.h"
 #include "common/grpc_status.h"
 #include "echo.grpc.pb.h"
 #include "gmock/gmock.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
-#include "health.grpc.pb.h"
 
 namespace hlem {
 namespace {
@@ -188,6 +189,21 @@ TEST_F(GrpcServerTest, SetServingTogglesHealth) {
   EXPECT_EQ(Health(server_->admin_port(), "hlem.test.EchoAdmin"), kNotServing);
   server_->SetServing(true);
   EXPECT_EQ(Health(server_->port(), "hlem.test.Echo"), kServing);
+}
+
+TEST_F(GrpcServerTest, HealthProbeFollowsTheServingStatus) {
+  Start();
+  GrpcHealthProbe probe;
+  EXPECT_TRUE(probe.Check(Local(server_->port()), absl::Seconds(2)).ok());
+  server_->SetServing(false);
+  const absl::Status down = probe.Check(Local(server_->port()), absl::Seconds(2));
+  EXPECT_EQ(down.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(down.message()), HasSubstr("NOT_SERVING"));
+  server_->SetServing(true);
+  EXPECT_TRUE(probe.Check(Local(server_->port()), absl::Seconds(2)).ok());
+  server_->Shutdown();
+  EXPECT_EQ(probe.Check(Local(server_->port()), absl::Milliseconds(300)).code(),
+            absl::StatusCode::kUnavailable);
 }
 
 TEST_F(GrpcServerTest, ShutdownDrainsAnInFlightRpc) {
