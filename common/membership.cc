@@ -147,9 +147,23 @@ void Membership::Poll() {
         }
       }
     }
-    for (const auto& [address, joined] : changes) ++(joined ? stats_.joins : stats_.leaves);
   }
-  for (const auto& [address, joined] : changes) listener_(address, joined);
+  for (const auto& [address, joined] : changes) {
+    const bool taken = listener_(address, joined);
+    absl::MutexLock lock(&mu_);
+    if (!joined) {
+      ++stats_.leaves;
+    } else if (taken) {
+      ++stats_.joins;
+    } else {
+      ++stats_.joins_refused;
+      auto it = peers_.find(address);
+      if (it != peers_.end()) {
+        it->second.member = false;
+        it->second.healthy = 0;
+      }
+    }
+  }
 }
 
 void Membership::Start() {

@@ -11,7 +11,9 @@
 //   2. probe every resolved address; one that is not a member joins after `healthy_to_join`
 //      consecutive healthy probes; a member leaves after `unhealthy_to_leave` consecutive failed
 //      probes, or at once when the resolution no longer names it (and may join again later);
-//   3. tell the listener about the changes, in order, outside the lock, from the polling thread.
+//   3. tell the listener about the changes, in order, outside the lock, from the polling thread;
+//      a listener that cannot take a joining peer (it answered health checks but not the
+//      service's own handshake) returns false, and the peer joins again on a later poll.
 // Thread-safe.
 
 #include <cstdint>
@@ -83,12 +85,14 @@ struct MembershipOptions {
 
 struct MembershipStats {
   uint64_t polls = 0, resolve_failures = 0, probes = 0, probe_failures = 0, joins = 0, leaves = 0;
+  uint64_t joins_refused = 0;
 };
 
 class Membership {
  public:
-  // (address, joined): true for a join, false for a leave.
-  using Listener = std::function<void(const std::string& address, bool joined)>;
+  // (address, joined): true for a join, false for a leave. The return value counts for joins
+  // only: false refuses the peer for now.
+  using Listener = std::function<bool(const std::string& address, bool joined)>;
 
   // INVALID_ARGUMENT for a non-positive interval or probe timeout, or a zero threshold.
   static absl::StatusOr<std::unique_ptr<Membership>> Create(const MembershipOptions& options,

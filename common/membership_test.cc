@@ -36,6 +36,7 @@ class MembershipTest : public ::testing::Test {
   void Build(MembershipOptions o) {
     membership_ = *Membership::Create(o, resolver_, probe_, [this](const std::string& a, bool j) {
       changes_.emplace_back(a, j);
+      return refuse_.count(a) == 0;
     });
   }
   Changes Poll() {
@@ -47,6 +48,7 @@ class MembershipTest : public ::testing::Test {
   FakeProbe probe_;
   std::unique_ptr<Membership> membership_;
   Changes changes_;
+  std::set<std::string> refuse_;
 };
 
 TEST_F(MembershipTest, JoinsHealthyPeersAndDropsUnhealthyOrVanishedOnes) {
@@ -92,6 +94,19 @@ TEST_F(MembershipTest, JoinNeedsConsecutiveHealthyProbes) {
   EXPECT_EQ(Poll(), (Changes{{"a:1", false}}));
 }
 
+TEST_F(MembershipTest, ARefusedJoinIsRetriedOnTheNextPoll) {
+  Build({});
+  resolver_.addresses = {"a:1"};
+  refuse_ = {"a:1"};
+  EXPECT_EQ(Poll(), (Changes{{"a:1", true}}));
+  EXPECT_TRUE(membership_->Members().empty());
+  refuse_.clear();
+  EXPECT_EQ(Poll(), (Changes{{"a:1", true}}));
+  EXPECT_EQ(membership_->Members(), std::vector<std::string>{"a:1"});
+  EXPECT_EQ(membership_->stats().joins_refused, 1u);
+  EXPECT_EQ(membership_->stats().joins, 1u);
+}
+
 TEST_F(MembershipTest, StartPollsOnItsOwnThread) {
   Build({.interval = absl::Milliseconds(5)});
   resolver_.addresses = {"a:1"};
@@ -106,7 +121,7 @@ TEST_F(MembershipTest, StartPollsOnItsOwnThread) {
 TEST(MembershipOptionsTest, RejectsBadOptions) {
   FakeResolver r;
   FakeProbe p;
-  auto none = [](const std::string&, bool) {};
+  auto none = [](const std::string&, bool) { return true; };
   EXPECT_FALSE(Membership::Create({.interval = absl::ZeroDuration()}, r, p, none).ok());
   EXPECT_FALSE(Membership::Create({.probe_timeout = absl::ZeroDuration()}, r, p, none).ok());
   EXPECT_FALSE(Membership::Create({.healthy_to_join = 0}, r, p, none).ok());

@@ -1,7 +1,7 @@
 // router: the frontend-facing entry point. Scores every serving node per request (KV residency,
 // EMB locality, load, affinity; ARCHITECTURE §6) and forwards the request to the best one.
-// Wiring only: flags, node discovery (a static list for now), residency subscriptions, service,
-// signals.
+// Wiring only: flags, node membership (a static list or a DNS name, health-checked; joins and
+// leaves at run time), residency subscriptions, service, signals.
 
 #include <CLI/CLI.hpp>
 #include <chrono>
@@ -9,22 +9,21 @@
 #include <fstream>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
+#include "common/grpc_health_probe.h"
 #include "common/grpc_server.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
+#include "common/membership.h"
 #include "common/metrics.h"
 #include "common/periodic.h"
 #include "grpcpp/client_context.h"
 #include "router/core/cluster.h"
-#include "router/core/residency_sync.h"
-#include "router/service/grpc_feed.h"
+#include "router/service/node_links.h"
 #include "router/service/router_metrics.h"
 #include "router/service/router_service.h"
 
@@ -37,28 +36,6 @@ int Fail(const absl::Status& status) {
   return 2;
 }
 
-// GetNodeInfo, retried until `timeout` (nodes may still be starting).
-absl::StatusOr<v1::NodeInfo> Info(v1::ServingNode::Stub& stub, absl::Duration timeout) {
-  const absl::Time give_up = absl::Now() + timeout;
-  while (true) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    v1::NodeInfo info;
-    const grpc::Status st = stub.GetNodeInfo(&ctx, v1::GetNodeInfoRequest(), &info);
-    if (st.ok()) return info;
-    if (absl::Now() >= give_up) return hlem::FromGrpcStatus(st);
-    absl::SleepFor(absl::Milliseconds(200));
-  }
-}
-
-struct NodeLink {
-  int index = -1;
-  std::shared_ptr<v1::ServingNode::Stub> stub;
-  std::unique_ptr<hlem::router::GrpcResidencyFeed> feed;
-  std::unique_ptr<hlem::router::ResidencySync> sync;
-  std::thread thread;
-};
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -70,8 +47,23 @@ int main(int argc, char** argv) {
   uint64_t seed = 1;
   uint32_t top_k = 20, max_candidates = 512, max_history_events = 1 << 16;
   bool retry = true;
-  app.add_option("--nodes", nodes_flag, "comma-separated serving addresses of the nodes")
+  app.add_option("--nodes", nodes_flag,
+                 "the nodes' serving addresses: host:port,host:port,... or dns:///name:port (every "
+                 "address the name resolves to, e.g. a Kubernetes headless service)")
       ->required();
+  double discovery_interval_s = 2;
+  uint32_t unhealthy_to_leave = 3;
+  std::string h_emb = "shards";
+  app.add_option("--discovery-interval-s", discovery_interval_s,
+                 "how often the node list is resolved and health-checked")
+      ->check(CLI::Range(0.01, 3600.0));
+  app.add_option("--unhealthy-to-leave", unhealthy_to_leave,
+                 "failed health checks in a row after which a node leaves")
+      ->check(CLI::Range(1u, 1000u));
+  app.add_option("--h-emb", h_emb,
+                 "h_emb: shards (|Prof ∩ EMBM| / |Prof|, the paper's) or events (weighted by the "
+                 "profile's event counts)")
+      ->check(CLI::IsMember({"shards", "events"}));
   app.add_option("--listen", listen, "gRPC address (port 0 = any free port)");
   app.add_option("--metrics-listen", metrics_listen, "Prometheus /metrics address ('' = off)");
   app.add_option("--ports-file", ports_file,
@@ -112,21 +104,31 @@ int main(int argc, char** argv) {
   auto log = hlem::GetLogger("router");
   auto policy_kind = hlem::router::ParsePolicy(policy);
   if (!policy_kind.ok()) return Fail(policy_kind.status());
-  std::vector<std::string> addresses = absl::StrSplit(nodes_flag, ',', absl::SkipEmpty());
-  if (addresses.empty()) return Fail(absl::InvalidArgumentError("--nodes: none"));
+  auto resolver = hlem::MakeResolver(nodes_flag);
+  if (!resolver.ok()) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("--nodes: ", resolver.status().message())));
+  }
 
   hlem::RealClock clock;
-  // Every node's identity and feature tables; the router needs their residency shard sizes.
-  std::vector<NodeLink> links(addresses.size());
-  std::vector<v1::NodeInfo> infos;
-  for (size_t i = 0; i < addresses.size(); ++i) {
-    links[i].stub = v1::ServingNode::NewStub(hlem::MakeChannel(addresses[i]));
-    auto info = Info(*links[i].stub, absl::Seconds(startup_timeout_s));
-    if (!info.ok()) {
-      return Fail(absl::Status(info.status().code(),
-                               absl::StrCat("node ", addresses[i], ": ", info.status().message())));
+  // The cluster's feature tables (their residency shard sizes) from the first node that answers;
+  // every node that joins later must have the same.
+  absl::StatusOr<v1::NodeInfo> first = absl::UnavailableError("no node resolved");
+  const absl::Time give_up = absl::Now() + absl::Seconds(startup_timeout_s);
+  while (true) {
+    absl::StatusOr<std::vector<std::string>> addresses = (*resolver)->Resolve();
+    if (!addresses.ok()) first = addresses.status();
+    for (const std::string& a : addresses.ok() ? *addresses : std::vector<std::string>{}) {
+      auto stub = v1::ServingNode::NewStub(hlem::MakeChannel(a));
+      first = hlem::router::FetchNodeInfo(*stub, absl::Seconds(2));
+      if (first.ok()) break;
     }
-    infos.push_back(*info);
+    if (first.ok() || absl::Now() >= give_up) break;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  if (!first.ok()) {
+    return Fail(absl::Status(first.status().code(),
+                             absl::StrCat("no node of ", (*resolver)->target(), " answered within ",
+                                          startup_timeout_s, " s: ", first.status().message())));
   }
   hlem::router::ClusterOptions options;
   options.policy = *policy_kind;
@@ -143,21 +145,8 @@ int main(int argc, char** argv) {
   options.max_report_age = absl::Milliseconds(max_report_age_ms);
   options.in_flight_capacity = in_flight_capacity;
   options.seed = seed;
-  for (const v1::FeatureTable& t : infos[0].feature_tables()) {
-    options.features.push_back({t.table_id(), t.residency_shard_rows()});
-  }
-  for (size_t i = 1; i < infos.size(); ++i) {
-    bool same = infos[i].feature_tables_size() == infos[0].feature_tables_size();
-    for (int f = 0; same && f < infos[i].feature_tables_size(); ++f) {
-      same = infos[i].feature_tables(f).table_id() == infos[0].feature_tables(f).table_id() &&
-             infos[i].feature_tables(f).residency_shard_rows() ==
-                 infos[0].feature_tables(f).residency_shard_rows();
-    }
-    if (!same) {
-      return Fail(absl::FailedPreconditionError(
-          absl::StrCat("node ", addresses[i], " has other feature tables than ", addresses[0])));
-    }
-  }
+  options.h_emb_by_events = h_emb == "events";
+  options.features = hlem::router::FeaturesOf(*first);
   auto cluster = hlem::router::Cluster::Create(options, clock);
   if (!cluster.ok()) return Fail(cluster.status());
 
@@ -169,29 +158,30 @@ int main(int argc, char** argv) {
     if (!created.ok()) return Fail(created.status());
     exposer = std::move(*created);
   }
-  hlem::router::RouterServiceImpl service(
-      {.max_candidates = max_candidates,
-       .max_history_events = max_history_events,
-       .retry = retry,
-       .features = static_cast<size_t>(infos[0].feature_tables_size())},
-      **cluster, &metrics);
-  for (size_t i = 0; i < links.size(); ++i) {
-    auto index = (*cluster)->AddNode(infos[i].node_id(), addresses[i]);
-    if (!index.ok()) return Fail(index.status());
-    NodeLink& link = links[i];
-    link.index = *index;
-    service.SetNodeStub(link.index, link.stub);
-    const std::string host = addresses[i].substr(0, addresses[i].rfind(':'));
-    auto admin = v1::ServingNodeAdmin::NewStub(
-        hlem::MakeChannel(absl::StrCat(host, ":", infos[i].admin_port())));
-    link.feed = std::make_unique<hlem::router::GrpcResidencyFeed>(
-        link.stub, std::shared_ptr<v1::ServingNodeAdmin::Stub>(std::move(admin)), "router");
-    link.sync =
-        std::make_unique<hlem::router::ResidencySync>(**cluster, link.index, *link.feed, clock);
-    link.thread = std::thread([&link] { link.sync->Run(); });
-    log->info("node id={} address={} admin_port={} epoch={}", infos[i].node_id(), addresses[i],
-              infos[i].admin_port(), infos[i].incarnation_epoch());
-  }
+  hlem::router::RouterServiceImpl service({.max_candidates = max_candidates,
+                                           .max_history_events = max_history_events,
+                                           .retry = retry,
+                                           .features = options.features.size()},
+                                          **cluster, &metrics);
+  // Membership: nodes join when they answer health checks and GetNodeInfo, and leave when they
+  // stop answering or the name no longer resolves to them.
+  hlem::router::NodeLinks links(**cluster, service, clock);
+  hlem::GrpcHealthProbe probe;
+  auto membership = hlem::Membership::Create(
+      {.interval = absl::Seconds(discovery_interval_s),
+       .probe_timeout = absl::Seconds(std::min(1.0, discovery_interval_s)),
+       .unhealthy_to_leave = unhealthy_to_leave},
+      **resolver, probe, [&](const std::string& address, bool joined) {
+        if (!joined) {
+          links.Leave(address);
+          return true;
+        }
+        const absl::Status st = links.Join(address);
+        if (!st.ok()) log->warn("node_refused address={} reason={}", address, st.ToString());
+        return st.ok();
+      });
+  if (!membership.ok()) return Fail(membership.status());
+  (*membership)->Poll();  // the nodes up now join before the router serves
 
   hlem::GrpcServerOptions server_options;
   server_options.listen = listen;
@@ -210,7 +200,9 @@ int main(int argc, char** argv) {
     }
     std::rename(tmp.c_str(), ports_file.c_str());
   }
-  log->info("serving grpc_port={} policy={} nodes={}", (*server)->port(), policy, links.size());
+  log->info("serving grpc_port={} policy={} nodes={} discovery={}", (*server)->port(), policy,
+            links.size(), (*resolver)->target());
+  (*membership)->Start();
 
   // The cluster's gauges into Prometheus once a second.
   auto refresher =
@@ -218,8 +210,7 @@ int main(int argc, char** argv) {
 
   hlem::WaitForShutdownSignal(**server);
   refresher.reset();
-  for (NodeLink& link : links) link.sync->Stop();
-  for (NodeLink& link : links) link.thread.join();
+  (*membership)->Stop();
   log->info("shutdown_done");
   return 0;
 }

@@ -49,10 +49,16 @@ class RouterIntegrationTest : public ::testing::Test {
       ASSERT_TRUE(node.ok()) << node.status();
       nodes_.push_back(std::move(*node));
     }
+    // A third address in the router's list whose node starts later (it joins then).
+    late_port_ = testing::UnusedPort();
+    ASSERT_GT(late_port_, 0);
+    late_address_ = absl::StrCat("127.0.0.1:", late_port_);
     const std::string ports = dir_ + "/router.ports";
     auto router = testing::ChildProcess::Start(
-        {HLEM_ROUTER_BINARY, "--nodes", absl::StrCat(nodes_[0].address(), ",", nodes_[1].address()),
-         "--ports-file", ports, "--max-report-age-ms", "2000"},
+        {HLEM_ROUTER_BINARY, "--nodes",
+         absl::StrCat(nodes_[0].address(), ",", nodes_[1].address(), ",", late_address_),
+         "--ports-file", ports, "--max-report-age-ms", "2000", "--discovery-interval-s", "0.2",
+         "--unhealthy-to-leave", "2"},
         dir_ + "/router.log");
     ASSERT_TRUE(router.ok()) << router.status();
     router_ = std::make_unique<testing::ChildProcess>(std::move(*router));
@@ -80,9 +86,9 @@ class RouterIntegrationTest : public ::testing::Test {
     EXPECT_TRUE(stub_->GetRoutingState(&ctx, v1::GetRoutingStateRequest(), &state).ok());
     return state;
   }
-  bool AllExact() {
+  bool AllExact(int nodes = 2) {
     const v1::GetRoutingStateResponse s = State();
-    if (s.nodes_size() != 2) return false;
+    if (s.nodes_size() != nodes) return false;
     for (const v1::NodeRoutingView& n : s.nodes()) {
       if (n.view() != v1::NODE_VIEW_EXACT) return false;
     }
@@ -115,6 +121,8 @@ class RouterIntegrationTest : public ::testing::Test {
   std::unique_ptr<testing::ChildProcess> router_;
   std::unique_ptr<v1::Router::Stub> stub_;
   int metrics_port_ = 0;
+  int late_port_ = 0;
+  std::string late_address_;
 };
 
 TEST_F(RouterIntegrationTest, ReturningUsersGoBackToTheirKvAndFailOverWhenANodeGoes) {
@@ -163,6 +171,27 @@ TEST_F(RouterIntegrationTest, ReturningUsersGoBackToTheirKvAndFailOverWhenANodeG
     const grpc::Status st = Recommend(users[u], &resp);
     ASSERT_TRUE(st.ok()) << "user " << u << ": " << st.error_message();
     EXPECT_EQ(resp.node_id(), "node-b");
+  }
+  // Its health checks fail: it leaves the router's view.
+  for (int i = 0; i < 100 && State().nodes_size() != 1; ++i) absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_EQ(State().nodes_size(), 1);
+  EXPECT_EQ(State().nodes(0).node_id(), "node-b");
+
+  // node-c starts on the third listed address: it joins, its view becomes exact, and it serves.
+  auto late = testing::StartNode(HLEM_NODE_BINARY, dir_, dir_ + "/node.yaml", "node-c",
+                                 shards_->addresses(), late_address_);
+  ASSERT_TRUE(late.ok()) << late.status();
+  nodes_.push_back(std::move(*late));
+  for (int i = 0; i < 100 && !AllExact(2); ++i) absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(AllExact(2));
+  // With node-b gone too, node-c serves everyone.
+  EXPECT_EQ(nodes_[1].process.Stop(), 0);
+  for (size_t u = 0; u < users.size(); ++u) {
+    AddEvents(rng, 2, &users[u]);
+    v1::RecommendResponse resp;
+    const grpc::Status st = Recommend(users[u], &resp);
+    ASSERT_TRUE(st.ok()) << "user " << u << ": " << st.error_message();
+    EXPECT_EQ(resp.node_id(), "node-c");
   }
 }
 

@@ -1,5 +1,10 @@
 #include "tests/testing/node_process.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <fstream>
 
@@ -13,11 +18,13 @@ std::string NodeProcess::address() const { return absl::StrCat("127.0.0.1:", por
 
 absl::StatusOr<NodeProcess> StartNode(const std::string& binary, const std::string& dir,
                                       const std::string& config, const std::string& name,
-                                      const std::vector<std::string>& shard_servers) {
+                                      const std::vector<std::string>& shard_servers,
+                                      const std::string& listen) {
   const std::string ports = absl::StrCat(dir, "/", name, ".ports");
-  auto process = ChildProcess::Start({binary, "--config", config, "--node-id", name, "--ports-file",
-                                      ports, "--shard-servers", absl::StrJoin(shard_servers, ",")},
-                                     absl::StrCat(dir, "/", name, ".log"));
+  auto process = ChildProcess::Start(
+      {binary, "--config", config, "--node-id", name, "--ports-file", ports, "--shard-servers",
+       absl::StrJoin(shard_servers, ","), "--listen", listen},
+      absl::StrCat(dir, "/", name, ".log"));
   if (!process.ok()) return process.status();
   NodeProcess n{std::move(*process)};
   auto port = WaitForPort(ports, "grpc", absl::Seconds(120), &n.process);
@@ -33,6 +40,22 @@ absl::StatusOr<NodeProcess> StartNode(const std::string& binary, const std::stri
   n.admin =
       hlem::v1::ServingNodeAdmin::NewStub(MakeChannel(absl::StrCat("127.0.0.1:", n.admin_port)));
   return n;
+}
+
+int UnusedPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
 }
 
 std::string ScrapeMetrics(int port) {

@@ -21,11 +21,15 @@ struct NodeProcess {
   std::string address() const;  // "127.0.0.1:<port>"
 };
 
-// Starts `binary --config <config> --node-id <name>` with the shard addresses; logs and the ports
-// file go to dir/<name>.{log,ports}. Waits until it serves.
+// Starts `binary --config <config> --node-id <name>` with the shard addresses, serving on
+// `listen`; logs and the ports file go to dir/<name>.{log,ports}. Waits until it serves.
 absl::StatusOr<NodeProcess> StartNode(const std::string& binary, const std::string& dir,
                                       const std::string& config, const std::string& name,
-                                      const std::vector<std::string>& shard_servers);
+                                      const std::vector<std::string>& shard_servers,
+                                      const std::string& listen = "127.0.0.1:0");
+
+// A loopback TCP port that was free a moment ago (bound to port 0, then closed).
+int UnusedPort();
 
 // The body of GET /metrics on 127.0.0.1:port (empty when it cannot connect).
 std::string ScrapeMetrics(int port);
