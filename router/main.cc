@@ -51,6 +51,14 @@ int main(int argc, char** argv) {
                  "the nodes' serving addresses: host:port,host:port,... or dns:///name:port (every "
                  "address the name resolves to, e.g. a Kubernetes headless service)")
       ->required();
+  bool calibrate = false;
+  double calibration_half_life = 500;
+  app.add_option("--calibrate-costs", calibrate,
+                 "learn C_kv and C_emb online from the nodes' measured compute and fetch times "
+                 "(the load weight keeps its configured share)");
+  app.add_option("--calibration-half-life", calibration_half_life,
+                 "answers after which an old cost sample counts half")
+      ->check(CLI::Range(1.0, 1e9));
   double discovery_interval_s = 2;
   uint32_t unhealthy_to_leave = 3;
   std::string h_emb = "shards";
@@ -158,10 +166,18 @@ int main(int argc, char** argv) {
     if (!created.ok()) return Fail(created.status());
     exposer = std::move(*created);
   }
+  std::unique_ptr<hlem::router::CostCalibrator> calibrator;
+  if (calibrate) {
+    auto created =
+        hlem::router::CostCalibrator::Create({.half_life = calibration_half_life}, options.scorer);
+    if (!created.ok()) return Fail(created.status());
+    calibrator = std::move(*created);
+  }
   hlem::router::RouterServiceImpl service({.max_candidates = max_candidates,
                                            .max_history_events = max_history_events,
                                            .retry = retry,
-                                           .features = options.features.size()},
+                                           .features = options.features.size(),
+                                           .calibrator = calibrator.get()},
                                           **cluster, &metrics);
   // Membership: nodes join when they answer health checks and GetNodeInfo, and leave when they
   // stop answering or the name no longer resolves to them.
@@ -204,9 +220,18 @@ int main(int argc, char** argv) {
             links.size(), (*resolver)->target());
   (*membership)->Start();
 
-  // The cluster's gauges into Prometheus once a second.
-  auto refresher =
-      std::make_unique<hlem::PeriodicThread>(absl::Seconds(1), [&] { metrics.Refresh(**cluster); });
+  // Calibrated weights into the scorer, the cluster's gauges into Prometheus, once a second.
+  auto refresher = std::make_unique<hlem::PeriodicThread>(absl::Seconds(1), [&] {
+    if (calibrator != nullptr) {
+      const hlem::router::CalibrationState st = calibrator->State();
+      if (st.calibrated) {
+        if (const absl::Status s = (*cluster)->SetWeights(st.weights); !s.ok()) {
+          log->warn("calibration: {}", s.ToString());
+        }
+      }
+    }
+    metrics.Refresh(**cluster);
+  });
 
   hlem::WaitForShutdownSignal(**server);
   refresher.reset();

@@ -72,9 +72,9 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Create(const ClusterOptions& o
 
 Cluster::Cluster(const ClusterOptions& options, const Weights& weights, Clock& clock)
     : options_(options),
-      weights_(weights),
       words_((options.max_nodes + 63) / 64),
       clock_(clock),
+      weights_(weights),
       rng_(options.seed) {}
 
 Cluster::~Cluster() = default;
@@ -100,6 +100,25 @@ absl::StatusOr<int> Cluster::AddNode(const std::string& id, const std::string& a
   }
   nodes_[free] = std::make_unique<Node>(id, address, options_.kv_filter_capacity);
   return free;
+}
+
+Weights Cluster::weights() const {
+  absl::MutexLock lock(&mu_);
+  return weights_;
+}
+
+absl::Status Cluster::SetWeights(const Weights& w) {
+  for (double v : {w.kv, w.emb, w.load}) {
+    if (!std::isfinite(v) || v < 0) {
+      return absl::InvalidArgumentError("weights must be finite and non-negative");
+    }
+  }
+  if (std::abs(w.kv + w.emb + w.load - 1) > 1e-9) {
+    return absl::InvalidArgumentError("weights must sum to 1");
+  }
+  absl::MutexLock lock(&mu_);
+  weights_ = w;
+  return absl::OkStatus();
 }
 
 void Cluster::RemoveNode(int node) {

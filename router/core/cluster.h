@@ -126,7 +126,10 @@ class Cluster {
   std::vector<NodeStatus> Nodes() const;
   ClusterStats Stats() const;
   const ClusterOptions& options() const { return options_; }
-  Weights weights() const { return weights_; }
+  Weights weights() const;
+  // Replaces the scorer's weights (online calibration, calibration.h); INVALID_ARGUMENT unless
+  // they are finite, non-negative and sum to 1 (± 1e-9).
+  absl::Status SetWeights(const Weights& weights);
 
  private:
   struct Node;
@@ -156,11 +159,11 @@ class Cluster {
   void TrimUsersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ClusterOptions options_;
-  const Weights weights_;
   const size_t words_;  // 64-bit words of a node bitset
   Clock& clock_;
 
   mutable absl::Mutex mu_;
+  Weights weights_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Node>> nodes_ ABSL_GUARDED_BY(mu_);  // by index; null = free
   // Residency shards the router knows (named by a cached profile or held by a node), interned to
   // dense ids so a decision reads each profile shard's node set without a hash lookup:

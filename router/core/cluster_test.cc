@@ -84,6 +84,18 @@ TEST_F(ClusterTest, HEmbCountsProfileShardsOrTheirEvents) {
   EXPECT_DOUBLE_EQ(r.decision.best_h_emb, 6.0 / 9);
 }
 
+TEST_F(ClusterTest, WeightsCanBeReplacedWhenValid) {
+  EXPECT_DOUBLE_EQ(cluster_->weights().kv, 0.5);  // C_kv 2 of 4
+  EXPECT_FALSE(cluster_->SetWeights({.kv = 0.5, .emb = 0.5, .load = 0.5}).ok());
+  EXPECT_FALSE(cluster_->SetWeights({.kv = -0.5, .emb = 1, .load = 0.5}).ok());
+  ASSERT_TRUE(cluster_->SetWeights({.kv = 0.1, .emb = 0.8, .load = 0.1}).ok());
+  EXPECT_DOUBLE_EQ(cluster_->weights().emb, 0.8);
+  // Node 0 holds the user's K/V, node 2 its embeddings: EMB now wins.
+  ASSERT_TRUE(Event(2, {.kind = Kind::kEmbShardResident, .table_id = 0, .shard = 0}).ok());
+  ASSERT_TRUE(Event(0, {.kind = Kind::kKvStored, .user_id = 7, .tokens = 5}).ok());
+  EXPECT_EQ(cluster_->Route(7, History(), false).node_id, "n2");
+}
+
 TEST_F(ClusterTest, SpeculativeEntriesExpireUnlessConfirmed) {
   ClusterOptions o;
   o.speculative_ttl = absl::Seconds(2);

@@ -58,7 +58,10 @@ RouterMetrics::RouterMetrics(MetricsRegistry& r, PolicyKind policy)
                     .Add({})),
       index_bytes_(
           Build<prometheus::Gauge>(r, "hlem_router_index_bytes", "Memory of the routing index")
-              .Add({})) {}
+              .Add({})),
+      weights_(Build<prometheus::Gauge>(
+          r, "hlem_router_weight",
+          "The scorer's weights w_kv, w_emb, w_ld (configured, or calibrated online)")) {}
 
 void RouterMetrics::ObserveDecision(const Decision& d, double seconds) {
   decisions_.Add({{"policy", policy_}, {"reason", ReasonName(d.reason)}}).Increment();
@@ -91,6 +94,10 @@ void RouterMetrics::Refresh(const Cluster& cluster) {
   events_.Add({{"counter", "filter_full"}}).Set(static_cast<double>(s.filter_full));
   profiles_.Set(static_cast<double>(s.cached_profiles));
   index_bytes_.Set(static_cast<double>(s.index_bytes));
+  const Weights w = cluster.weights();
+  weights_.Add({{"signal", "kv"}}).Set(w.kv);
+  weights_.Add({{"signal", "emb"}}).Set(w.emb);
+  weights_.Add({{"signal", "load"}}).Set(w.load);
 }
 
 }  // namespace hlem::router

@@ -42,6 +42,7 @@ class RouterMetrics {
   prometheus::Family<prometheus::Gauge>& events_;
   prometheus::Gauge& profiles_;
   prometheus::Gauge& index_bytes_;
+  prometheus::Family<prometheus::Gauge>& weights_;
 };
 
 }  // namespace hlem::router

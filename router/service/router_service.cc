@@ -133,6 +133,14 @@ grpc::Status RouterServiceImpl::Route(grpc::ServerContext* context,
     tried.push_back(r.decision.node);
     if (last.ok()) {
       if (out.stale_kv_hit()) cluster_.Forget(r.decision.node, request->user_id());
+      if (options_.calibrator != nullptr) {
+        options_.calibrator->Observe({.computed_tokens = out.computed_tokens(),
+                                      .history_tokens = out.history_tokens(),
+                                      .emb_hits = out.emb_hits(),
+                                      .emb_misses = out.emb_misses(),
+                                      .compute_seconds = out.timings().compute_seconds(),
+                                      .fetch_seconds = out.timings().emb_fetch_seconds()});
+      }
       response->mutable_scores()->Swap(out.mutable_scores());
       response->set_num_tasks(out.num_tasks());
       *response->mutable_next_prefix() = out.next_prefix();

@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "hlem/v1/router.grpc.pb.h"
 #include "hlem/v1/serving_node.grpc.pb.h"
+#include "router/core/calibration.h"
 #include "router/core/cluster.h"
 #include "router/service/router_metrics.h"
 
@@ -23,6 +24,8 @@ struct RouterServiceOptions {
   uint32_t max_history_events = 1 << 16;
   bool retry = true;
   size_t features = 1;  // feature ids per event (the nodes' feature tables)
+  // Fed with every answer's costs when set (online calibration; the caller applies its weights).
+  CostCalibrator* calibrator = nullptr;
 };
 
 class RouterServiceImpl final : public hlem::v1::Router::Service {

@@ -58,7 +58,7 @@ class RouterIntegrationTest : public ::testing::Test {
         {HLEM_ROUTER_BINARY, "--nodes",
          absl::StrCat(nodes_[0].address(), ",", nodes_[1].address(), ",", late_address_),
          "--ports-file", ports, "--max-report-age-ms", "2000", "--discovery-interval-s", "0.2",
-         "--unhealthy-to-leave", "2"},
+         "--unhealthy-to-leave", "2", "--calibrate-costs", "true"},
         dir_ + "/router.log");
     ASSERT_TRUE(router.ok()) << router.status();
     router_ = std::make_unique<testing::ChildProcess>(std::move(*router));
@@ -158,7 +158,9 @@ TEST_F(RouterIntegrationTest, ReturningUsersGoBackToTheirKvAndFailOverWhenANodeG
   const std::string metrics = testing::ScrapeMetrics(metrics_port_);
   for (const char* line : {"hlem_router_requests_total{code=\"OK\"} 12",
                            "hlem_router_decision_duration_seconds_count 12",
-                           "hlem_router_locality_sum{of=\"chosen\",signal=\"kv\"} 6"}) {
+                           "hlem_router_locality_sum{of=\"chosen\",signal=\"kv\"} 6",
+                           // too few answers to calibrate yet: the configured share
+                           "hlem_router_weight{signal=\"load\"} 0.333"}) {
     EXPECT_NE(metrics.find(line), std::string::npos) << line << "\n" << metrics.substr(0, 4000);
   }
 
