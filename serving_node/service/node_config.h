@@ -10,12 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "embedding_shard/core/shard_config.h"
-#include "serving_node/core/emb_replacement_policy.h"
-#include "serving_node/core/emulated_link.h"
-#include "serving_node/core/memory_manager.h"
-#include "serving_node/core/node.h"
-#include "serving_node/core/refill.h"
-#include "serving_node/core/request_queue.h"
+#include "serving_node/device/local_node.h"
 #include "serving_node/model/hstu_config.h"
 
 namespace YAML {
@@ -24,22 +19,12 @@ class Node;
 
 namespace hlem::serving {
 
-struct NodeConfig {
-  NodeOptions node;  // id, SLO, windows, admission, load reports
+// The node's parts (pool, link, memory, caches, refill, queue, residency; LocalNodeOptions) plus
+// the device, the model and the embedding shards. `pipeline` is filled from the model fields by
+// NodeStack::Build.
+struct NodeConfig : LocalNodeOptions {
   std::string device = "cpu";
-  uint64_t pool_bytes = 256ull << 20;
-  uint64_t page_bytes = 256 << 10;
-  LinkOptions link;  // the cpu device's emulated host-to-device link
-  MemoryManagerOptions memory;
-  EmbPolicy emb_policy = EmbPolicy::kTinyLfu;
-  uint64_t residency_shard_rows = 4096;
-  double residency_threshold = 0.5;
-  uint32_t popularity_capacity = 65536;
-  bool refill_enabled = true;
-  RefillOptions refill;
-  RequestQueueOptions queue;
   uint32_t compute_threads = 1;  // torch intra-op threads (and OMP_NUM_THREADS)
-  uint64_t events_retained = 1 << 20;
 
   // Model.
   HstuConfig model;

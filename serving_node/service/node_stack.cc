@@ -20,23 +20,12 @@ absl::StatusOr<std::unique_ptr<NodeStack>> NodeStack::Build(const NodeConfig& co
                                                             Clock& clock) {
   auto s = std::make_unique<NodeStack>();
   s->config = config;
-  LocalNodeOptions options{.node = config.node,
-                           .pool_bytes = config.pool_bytes,
-                           .page_bytes = config.page_bytes,
-                           .link = config.link,
-                           .memory = config.memory,
-                           .emb_policy = config.emb_policy,
-                           .residency_shard_rows = config.residency_shard_rows,
-                           .residency_threshold = config.residency_threshold,
-                           .popularity_capacity = config.popularity_capacity,
-                           .refill_enabled = config.refill_enabled,
-                           .refill = config.refill,
-                           .queue = config.queue,
-                           .events_retained = config.events_retained,
-                           .pipeline = {.max_candidates = config.max_candidates,
-                                        .max_history = config.max_history,
-                                        .trim_fraction = config.trim_fraction,
-                                        .max_request_events = config.max_request_events}};
+  LocalNodeOptions options = config;
+  options.pipeline = {.max_candidates = config.max_candidates,
+                      .max_history = config.max_history,
+                      .trim_fraction = config.trim_fraction,
+                      .max_request_events = config.max_request_events};
+  options.tables.clear();
   absl::flat_hash_set<uint32_t> tables;
   for (const std::string& name : config.features) {
     for (const shard::TableSpec& t : config.shards.tables) {
