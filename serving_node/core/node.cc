@@ -92,7 +92,14 @@ Node::Node(const NodeOptions& options, const NodeParts& parts, Clock& clock)
   emb_budget_seen_ = parts_.memory->State().emb_budget_pages;
 }
 
-Node::~Node() { Stop(); }
+Node::~Node() {
+  Stop();
+  // An answer's `done` may have let the owner go on to destroy the node while the answering thread
+  // still does the bookkeeping after it.
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](uint64_t* answering) { return *answering == 0; }, &answering_));
+}
 
 void Node::Start() {
   absl::MutexLock lock(&timers_->mu);
@@ -215,6 +222,7 @@ void Node::Answer(uint64_t user, bool expected, uint64_t tokens, absl::Time rece
   const absl::StatusCode code = result.status().code();
   {
     absl::MutexLock lock(&mu_);
+    ++answering_;
     Accumulator& a = *acc_;
     ++a.requests;
     if (!ClientError(code)) {
@@ -254,6 +262,9 @@ void Node::Answer(uint64_t user, bool expected, uint64_t tokens, absl::Time rece
     }
     MaybeReportLoad();
   }
+  // The caller may destroy the node as soon as `done` ran; the destructor waits for this.
+  absl::MutexLock lock(&mu_);
+  --answering_;
 }
 
 bool Node::draining() const {

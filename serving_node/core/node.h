@@ -178,7 +178,7 @@ class Node {
   // keep_windows, max_in_flight_tokens or latency_samples, or a p99 cap <= 0.
   static absl::StatusOr<std::unique_ptr<Node>> Create(const NodeOptions& options,
                                                       const NodeParts& parts, Clock& clock);
-  ~Node();  // Stop()
+  ~Node();  // Stop(), then waits for answers in progress to finish
 
   // Starts the window and load-report timers on the clock.
   void Start();
@@ -236,6 +236,7 @@ class Node {
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t in_flight_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t in_flight_requests_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t answering_ ABSL_GUARDED_BY(mu_) = 0;  // threads inside Answer()
   double last_reported_load_ ABSL_GUARDED_BY(mu_) = -1;
   // α fencing.
   uint64_t alpha_epoch_ ABSL_GUARDED_BY(mu_) = 0;
