@@ -12,5 +12,6 @@ void RegisterTableCommands(CLI::App& app, Run* run);
 void RegisterShardCommands(CLI::App& app, Run* run);
 void RegisterNodeCommands(CLI::App& app, Run* run);
 void RegisterRouterCommands(CLI::App& app, Run* run);
+void RegisterWorkloadCommands(CLI::App& app, Run* run);
 
 }  // namespace hlem::tools

@@ -1,0 +1,90 @@
+#pragma once
+// The trace file: a workload written once and replayed many times (the load generator, the
+// simulator). Little-endian, versioned, self-describing:
+//
+//   header   "HLEMTRC1" · u32 version (1) · u32 F (features per event) · u64 seed ·
+//            u64 duration_ns · u32 n · n bytes of generator config (YAML, WorkloadConfigYaml) ·
+//            F × (u32 table_id · u64 rows · u32 n · n bytes of name)
+//   records  u8 1 · then LEB128 varints: t_ns − previous t_ns · user · prior_events ·
+//            new events E · E·F feature ids · candidates C · C·F feature ids
+//   footer   u8 0 · u64 record count · u64 FNV-1a of every record byte (tags included)
+//
+// A request carries only the events its user added since its previous request (the whole
+// history on its first); a reader that wants full histories keeps them per user. The reader
+// checks the magic, the version, every record's shape and the footer's count and hash, so a
+// truncated or corrupted file is an error, not a short trace.
+
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "sim/workload/workload.h"
+
+namespace hlem::sim {
+
+inline constexpr uint32_t kTraceVersion = 1;
+
+struct TraceHeader {
+  uint32_t version = kTraceVersion;
+  uint64_t seed = 0;
+  uint64_t duration_ns = 0;
+  std::string config_yaml;
+  std::vector<FeatureTable> features;
+};
+
+class TraceWriter {
+ public:
+  // UNAVAILABLE when the file cannot be created.
+  static absl::StatusOr<std::unique_ptr<TraceWriter>> Create(const std::string& path,
+                                                             const TraceHeader& header);
+  ~TraceWriter();
+  // INVALID_ARGUMENT when the request's ids are not a multiple of F or it goes back in time.
+  absl::Status Append(const TraceRequest& request);
+  // Writes the footer and closes; UNAVAILABLE on a write error. Required: a trace without its
+  // footer does not read back.
+  absl::Status Finish();
+  uint64_t records() const { return count_; }
+
+ private:
+  TraceWriter(std::ofstream out, size_t features) : out_(std::move(out)), F_(features) {}
+  std::ofstream out_;
+  const size_t F_;
+  std::string buf_;
+  uint64_t count_ = 0, hash_ = 0xcbf29ce484222325ULL, last_t_ = 0;
+  bool finished_ = false;
+};
+
+class TraceReader {
+ public:
+  // NOT_FOUND for a missing file; INVALID_ARGUMENT (naming the problem) for another format.
+  static absl::StatusOr<std::unique_ptr<TraceReader>> Open(const std::string& path);
+  const TraceHeader& header() const { return header_; }
+  // The next request: true, or false at the end (after checking the footer); INVALID_ARGUMENT
+  // for a corrupt or truncated file.
+  absl::StatusOr<bool> Next(TraceRequest* out);
+  uint64_t records() const { return count_; }
+
+ private:
+  explicit TraceReader(std::ifstream in) : in_(std::move(in)) {}
+  bool Byte(uint8_t* b);
+  bool Varint(uint64_t* v);
+  bool Fixed(void* p, size_t n);
+  absl::Status Ids(uint64_t n, std::vector<uint64_t>* out);
+
+  std::ifstream in_;
+  std::vector<char> buf_ = std::vector<char>(1 << 20);
+  size_t pos_ = 0, len_ = 0;
+  bool hashing_ = false;
+  TraceHeader header_;
+  uint64_t count_ = 0, hash_ = 0xcbf29ce484222325ULL, last_t_ = 0;
+  bool done_ = false;
+};
+
+// Writes every request of `generator` to `path`; returns the record count.
+absl::StatusOr<uint64_t> WriteTrace(WorkloadGenerator& generator, const std::string& path);
+
+}  // namespace hlem::sim
