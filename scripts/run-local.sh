@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # The README's main job: a local HLEM cluster on synthetic data with a small HSTU behind the
-# router, driven by a synthetic closed-loop workload (the allocator and the full load generator
-# join in later issues).
+# router, driven open-loop by the load generator from a workload trace (the allocator joins in a
+# later issue).
 #   1. installs missing Debian packages, builds the runtime targets (Release),
 #   2. starts the `local` shard cluster (deploy/local/shards.yaml: 2 shards, replicated) and checks
 #      rows read over UCX and gRPC byte for byte,
 #   3. starts 2 serving nodes (deploy/local/node.yaml) on OS-chosen loopback ports,
 #   4. starts the router in front of them (KV/EMB/load-aware routing, ARCHITECTURE §6),
-#   5. drives the router with returning users whose histories grow (`hlem node drive --router`:
-#      Zipf users and items, 64 candidates) and prints client latency and SLO figures, where the
-#      router sent them and why, the router's view and each node's window statistics; then moves
-#      α on both nodes and drives again,
+#   5. writes workload traces (deploy/local/workload.yaml: users with item locality, growing
+#      histories, 100 candidates; a Steady and a Trend phase) and replays them through the router
+#      with `hlem loadgen` (open loop, the trace's Poisson arrivals): latency P50/P90/P99 and SLO
+#      satisfaction per 5 s window and overall, errors by code, KV reuse; the router's view and
+#      each node's window statistics; between the two, α moves on both nodes,
 #   6. runs the node benchmark (cold vs returning users, cost split; docs/perf/node.md),
 #   7. stops everything (also on Ctrl-C or failure).
-# Options: --quick (fewer requests, benchmark smoke pass), HLEM_JOBS=N (build parallelism).
+# Options: --quick (shorter traces, benchmark smoke pass), HLEM_JOBS=N (build parallelism),
+# HLEM_BUILD_DIR=dir (default build-release).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,10 +28,12 @@ for arg in "$@"; do
 done
 
 jobs=${HLEM_JOBS:-$(nproc)}
-build_dir=build-release
+build_dir=${HLEM_BUILD_DIR:-build-release}
 run_dir=out/local
 bash scripts/install-deps.sh
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DHLEM_BUILD_TESTS=ON >/dev/null
+if [ ! -f "$build_dir/CMakeCache.txt" ]; then
+  cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DHLEM_BUILD_TESTS=ON >/dev/null
+fi
 cmake --build "$build_dir" -j "$jobs" --target embedding_shard serving_node router hlem node_benchmark
 
 mkdir -p "$run_dir"
@@ -108,21 +112,28 @@ echo "   router serving on $router"
 sleep 1  # the router takes each node's residency snapshot
 "$build_dir/tools/hlem" router state --server "$router"
 
-requests=6000
-[ "$quick" = 1 ] && requests=1000
-drive() {
-  "$build_dir/tools/hlem" node drive --router "$router" --servers "$node_list" --users 3000 \
-    --requests "$requests" --concurrency 2 --first-events 64 --new-events 8 --candidates 64 \
-    --slo-ms 50 --seed "$1"
+seconds=120
+[ "$quick" = 1 ] && seconds=30
+workload=deploy/local/workload.yaml
+echo "== workload traces ($workload): ${seconds} s Steady, ${seconds} s Trend (hot ratio 0.2 -> 0.5)"
+for regime in steady trend; do
+  "$build_dir/tools/hlem" workload generate --config "$workload" --regime "$regime" \
+    --duration "${seconds}s" --seed 1 --out "$run_dir/$regime.trace"
+done
+"$build_dir/tools/hlem" workload stats "$run_dir/steady.trace"
+replay() {  # replay REGIME: the trace through the router, then the router's and nodes' views
+  "$build_dir/tools/hlem" loadgen --trace "$run_dir/$1.trace" --router "$router" --slo-ms 50 \
+    --deadline-ms 2000 --csv "$run_dir/$1-requests.csv" --windows-csv "$run_dir/$1-windows.csv"
   "$build_dir/tools/hlem" router state --server "$router"
   sleep 5.5  # let a statistics window close
   for n in "${nodes[@]}"; do "$build_dir/tools/hlem" node state --server "$n" --windows 3; done
 }
-echo "== driving the router: $requests requests, 3000 users (Zipf 1.0), alpha 0.5"
-drive 1
+echo "== replaying Steady through the router (alpha 0.5); per-request CSV in $run_dir/"
+replay steady
 echo "== alpha 0.5 -> 0.3 on both nodes (metadata only; refill runs in the background)"
 for a in "${admins[@]}"; do "$build_dir/tools/hlem" node set-alpha --admin "$a" --alpha 0.3 --epoch 1 --decision 1; done
-drive 2
+echo "== replaying Trend through the router (alpha 0.3)"
+replay trend
 stop_all
 
 echo "== node benchmark (cold vs returning users, cost split; its own shard cluster)"

@@ -13,5 +13,6 @@ void RegisterShardCommands(CLI::App& app, Run* run);
 void RegisterNodeCommands(CLI::App& app, Run* run);
 void RegisterRouterCommands(CLI::App& app, Run* run);
 void RegisterWorkloadCommands(CLI::App& app, Run* run);
+void RegisterLoadgenCommands(CLI::App& app, Run* run);
 
 }  // namespace hlem::tools

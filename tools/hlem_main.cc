@@ -1,6 +1,6 @@
 // hlem: HLEM's command-line tools (table files, shard reads, serving nodes, router, workload
-// traces; later loadgen, cluster, sim, eval). Exit codes: 0 success, 1 the operation failed, 2 bad
-// usage or input.
+// traces, load generator; later cluster, sim, eval). Exit codes: 0 success, 1 the operation failed,
+// 2 bad usage or input.
 #include <cstdio>
 
 #include "common/logging.h"
@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   hlem::tools::RegisterNodeCommands(app, &run);
   hlem::tools::RegisterRouterCommands(app, &run);
   hlem::tools::RegisterWorkloadCommands(app, &run);
+  hlem::tools::RegisterLoadgenCommands(app, &run);
   CLI11_PARSE(app, argc, argv);
   if (auto s = hlem::InitLogging({.level = "warn"}); !s.ok()) return 2;
   return run ? run() : 2;

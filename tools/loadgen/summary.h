@@ -1,0 +1,61 @@
+#pragma once
+// What the load generator recorded, per request and summarised per decision window and overall.
+// Pure functions: the replayer fills the outcomes, the CLI prints and writes them, tests check
+// them.
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace hlem::loadgen {
+
+// One trace request's single outcome.
+struct Outcome {
+  uint64_t index = 0;         // in the trace
+  uint64_t scheduled_ns = 0;  // trace time ÷ speed
+  uint64_t sent_ns = 0;       // when it went out (since the replay's start); = scheduled if never
+  uint64_t latency_ns = 0;    // sent to answered
+  int code = -1;              // absl::StatusCode; -1 = no outcome (a bug: never left so)
+  std::string message;        // the error's message (empty when OK)
+  uint64_t user = 0;
+  std::string node;
+  double h_kv = 0, h_emb = 0;
+  uint32_t candidates = 0;
+  uint32_t cached_prefix_tokens = 0, computed_tokens = 0;  // computed: new history + candidates
+  bool stale_kv_hit = false, retried = false;
+  bool delta = false;   // sent in delta mode
+  bool resent = false;  // delta refused (FAILED_PRECONDITION), resent in full
+  bool sent = false;    // false: refused by the client (in-flight cap), never sent
+};
+
+struct Summary {
+  uint64_t window = 0;  // index (overall: 0)
+  uint64_t requests = 0, ok = 0, within_slo = 0;
+  double seconds = 0;                         // the window's length (overall: the replay's span)
+  double p50_ms = 0, p90_ms = 0, p99_ms = 0;  // OK answers
+  double slo_satisfaction = 0;                // OK within the SLO ÷ requests (failures miss it)
+  double throughput = 0;                      // OK answers per second
+  double kv_reuse = 0;  // cached ÷ (cached + computed history) tokens, OK answers
+  uint64_t stale_kv_hits = 0;
+  std::map<std::string, uint64_t> codes;  // by name
+};
+
+struct Report {
+  Summary overall;
+  std::vector<Summary> windows;  // by scheduled time
+};
+
+// INTERNAL when an outcome has no code (a request left without its one outcome).
+absl::Status Check(const std::vector<Outcome>& outcomes);
+Report Summarize(const std::vector<Outcome>& outcomes, uint64_t window_ns, double slo_ms);
+
+// CSV with a header line: one row per request / per window.
+std::string OutcomesCsv(const std::vector<Outcome>& outcomes);
+std::string WindowsCsv(const Report& report);
+// Human-readable overall summary and a table of windows.
+std::string FormatReport(const Report& report, double slo_ms);
+
+}  // namespace hlem::loadgen

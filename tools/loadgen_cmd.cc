@@ -1,0 +1,128 @@
+// `hlem loadgen`: replays a trace against the router, open loop (tools/loadgen/replayer.h), with a
+// progress bar; prints the summary per decision window and overall, and writes per-request and
+// per-window CSV. Exit 0 when every request got its one outcome (1 with --fail-on-error and any
+// request not OK), 2 for bad usage or a damaged trace.
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "sim/workload/trace.h"
+#include "tools/commands.h"
+#include "tools/loadgen/replayer.h"
+#include "tools/loadgen/summary.h"
+
+namespace hlem::tools {
+namespace {
+
+struct LoadgenFlags {
+  std::string trace, router, mode = "full", csv, windows_csv;
+  double speed = 1, deadline_ms = 1000, slo_ms = 50, window_s = 0;
+  uint64_t limit = 0;
+  uint32_t max_in_flight = 4096;
+  bool fail_on_error = false, quiet = false;
+};
+
+int Loadgen(const LoadgenFlags& f) {
+  auto trace = sim::TraceReader::Open(f.trace);
+  if (!trace.ok()) {
+    std::fprintf(stderr, "hlem loadgen: --trace: %s\n",
+                 std::string(trace.status().message()).c_str());
+    return 2;
+  }
+  uint64_t window_ns = static_cast<uint64_t>(f.window_s * 1e9);
+  if (window_ns == 0) {
+    auto config = sim::ParseWorkloadConfig((*trace)->header().config_yaml);
+    window_ns = config.ok() ? static_cast<uint64_t>(absl::ToInt64Nanoseconds(config->window))
+                            : 5'000'000'000;
+  }
+  // Windows of the replay's clock: the trace's windows shrink with the speed.
+  window_ns = static_cast<uint64_t>(static_cast<double>(window_ns) / f.speed);
+  const double total = f.limit > 0 ? static_cast<double>(f.limit) : 0;
+  loadgen::ReplayOptions options{.router = f.router,
+                                 .speed = f.speed,
+                                 .limit = f.limit,
+                                 .deadline = absl::Microseconds(f.deadline_ms * 1e3),
+                                 .max_in_flight = f.max_in_flight,
+                                 .delta = f.mode == "delta"};
+  const double duration_s = static_cast<double>((*trace)->header().duration_ns) / 1e9 / f.speed;
+  const absl::Time start = absl::Now();
+  if (!f.quiet) {
+    options.progress = [&](uint64_t read, uint64_t recorded, uint64_t in_flight) {
+      const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
+      const double frac = total > 0 ? static_cast<double>(read) / total
+                                    : std::min(1.0, elapsed / std::max(duration_s, 1e-9));
+      const int bars = static_cast<int>(frac * 30);
+      std::fprintf(stderr, "\r[%s%s] %5.1f %% %llu sent, %llu answered, %llu in flight   ",
+                   std::string(static_cast<size_t>(bars), '=').c_str(),
+                   std::string(static_cast<size_t>(30 - bars), ' ').c_str(), 100 * frac,
+                   static_cast<unsigned long long>(read), static_cast<unsigned long long>(recorded),
+                   static_cast<unsigned long long>(in_flight));
+    };
+  }
+  std::vector<loadgen::Outcome> outcomes;
+  const absl::Status st = loadgen::Replay(**trace, options, &outcomes);
+  if (!f.quiet) std::fprintf(stderr, "\n");
+  if (st.code() == absl::StatusCode::kInvalidArgument && outcomes.empty()) {
+    std::fprintf(stderr, "hlem loadgen: %s\n", std::string(st.message()).c_str());
+    return 2;
+  }
+  if (absl::Status check = loadgen::Check(outcomes); !check.ok()) {
+    std::fprintf(stderr, "hlem loadgen: %s\n", std::string(check.message()).c_str());
+    return 1;
+  }
+  const loadgen::Report report = loadgen::Summarize(outcomes, window_ns, f.slo_ms);
+  std::printf("loadgen: %s -> %s, %s mode, speed %.2f\n%s", f.trace.c_str(), f.router.c_str(),
+              f.mode.c_str(), f.speed, loadgen::FormatReport(report, f.slo_ms).c_str());
+  std::printf("every request recorded once: %zu sent or refused, %zu outcomes\n", outcomes.size(),
+              outcomes.size());
+  for (const auto& [path, body] : {std::pair{f.csv, loadgen::OutcomesCsv(outcomes)},
+                                   std::pair{f.windows_csv, loadgen::WindowsCsv(report)}}) {
+    if (path.empty()) continue;
+    std::ofstream out(path);
+    out << body;
+    if (!out) {
+      std::fprintf(stderr, "hlem loadgen: cannot write %s\n", path.c_str());
+      return 1;
+    }
+  }
+  if (!st.ok()) {
+    std::fprintf(stderr, "hlem loadgen: trace stopped early: %s\n",
+                 std::string(st.message()).c_str());
+    return 2;
+  }
+  return f.fail_on_error && report.overall.ok != report.overall.requests ? 1 : 0;
+}
+
+}  // namespace
+
+void RegisterLoadgenCommands(CLI::App& app, Run* run) {
+  auto f = std::make_shared<LoadgenFlags>();
+  CLI::App* cmd = app.add_subcommand("loadgen", "replay a trace against the router (open loop)");
+  cmd->add_option("--trace", f->trace, "trace file (hlem workload generate)")->required();
+  cmd->add_option("--router", f->router, "router gRPC address host:port")->required();
+  cmd->add_option("--speed", f->speed, "time scale: 2 replays twice as fast")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--limit", f->limit, "replay only the first N requests");
+  cmd->add_option("--deadline-ms", f->deadline_ms, "per-request deadline")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--slo-ms", f->slo_ms, "latency SLO for the satisfaction figures")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--window-s", f->window_s, "summary window (default: the trace's)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--mode", f->mode, "full: whole histories; delta: new events + prefix")
+      ->check(CLI::IsMember({"full", "delta"}));
+  cmd->add_option("--max-in-flight", f->max_in_flight,
+                  "calls out at once; beyond it a request is recorded RESOURCE_EXHAUSTED unsent")
+      ->check(CLI::Range(1u, 1000000u));
+  cmd->add_option("--csv", f->csv, "write one row per request here");
+  cmd->add_option("--windows-csv", f->windows_csv, "write one row per window here");
+  cmd->add_flag("--fail-on-error", f->fail_on_error, "exit 1 when any request was not OK");
+  cmd->add_flag("--quiet", f->quiet, "no progress bar");
+  cmd->callback([=] { *run = [=] { return Loadgen(*f); }; });
+}
+
+}  // namespace hlem::tools
