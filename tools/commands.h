@@ -14,5 +14,6 @@ void RegisterNodeCommands(CLI::App& app, Run* run);
 void RegisterRouterCommands(CLI::App& app, Run* run);
 void RegisterWorkloadCommands(CLI::App& app, Run* run);
 void RegisterLoadgenCommands(CLI::App& app, Run* run);
+void RegisterClusterCommands(CLI::App& app, Run* run);
 
 }  // namespace hlem::tools

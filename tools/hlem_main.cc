@@ -1,6 +1,6 @@
 // hlem: HLEM's command-line tools (table files, shard reads, serving nodes, router, workload
-// traces, load generator; later cluster, sim, eval). Exit codes: 0 success, 1 the operation failed,
-// 2 bad usage or input.
+// traces, load generator, local cluster; later sim, eval). Exit codes: 0 success, 1 the operation
+// failed, 2 bad usage or input.
 #include <cstdio>
 
 #include "common/logging.h"
@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   hlem::tools::RegisterRouterCommands(app, &run);
   hlem::tools::RegisterWorkloadCommands(app, &run);
   hlem::tools::RegisterLoadgenCommands(app, &run);
+  hlem::tools::RegisterClusterCommands(app, &run);
   CLI11_PARSE(app, argc, argv);
   if (auto s = hlem::InitLogging({.level = "warn"}); !s.ok()) return 2;
   return run ? run() : 2;

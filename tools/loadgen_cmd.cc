@@ -3,6 +3,8 @@
 // per-window CSV. Exit 0 when every request got its one outcome (1 with --fail-on-error and any
 // request not OK), 2 for bad usage or a damaged trace.
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -50,22 +52,27 @@ int Loadgen(const LoadgenFlags& f) {
                                  .delta = f.mode == "delta"};
   const double duration_s = static_cast<double>((*trace)->header().duration_ns) / 1e9 / f.speed;
   const absl::Time start = absl::Now();
+  // A redrawn bar on a terminal; a line every 10 s into a log.
+  const bool tty = isatty(STDERR_FILENO) != 0;
+  absl::Time last_line = start;
   if (!f.quiet) {
     options.progress = [&](uint64_t read, uint64_t recorded, uint64_t in_flight) {
+      if (!tty && absl::Now() - last_line < absl::Seconds(10)) return;
+      last_line = absl::Now();
       const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
       const double frac = total > 0 ? static_cast<double>(read) / total
                                     : std::min(1.0, elapsed / std::max(duration_s, 1e-9));
       const int bars = static_cast<int>(frac * 30);
-      std::fprintf(stderr, "\r[%s%s] %5.1f %% %llu sent, %llu answered, %llu in flight   ",
-                   std::string(static_cast<size_t>(bars), '=').c_str(),
+      std::fprintf(stderr, "%s[%s%s] %5.1f %% %llu sent, %llu answered, %llu in flight   %s",
+                   tty ? "\r" : "", std::string(static_cast<size_t>(bars), '=').c_str(),
                    std::string(static_cast<size_t>(30 - bars), ' ').c_str(), 100 * frac,
                    static_cast<unsigned long long>(read), static_cast<unsigned long long>(recorded),
-                   static_cast<unsigned long long>(in_flight));
+                   static_cast<unsigned long long>(in_flight), tty ? "" : "\n");
     };
   }
   std::vector<loadgen::Outcome> outcomes;
   const absl::Status st = loadgen::Replay(**trace, options, &outcomes);
-  if (!f.quiet) std::fprintf(stderr, "\n");
+  if (!f.quiet && tty) std::fprintf(stderr, "\n");
   if (st.code() == absl::StatusCode::kInvalidArgument && outcomes.empty()) {
     std::fprintf(stderr, "hlem loadgen: %s\n", std::string(st.message()).c_str());
     return 2;

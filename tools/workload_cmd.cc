@@ -111,8 +111,13 @@ int Stats(const std::string& path, bool per_window) {
     req += st.windows[w].requests;
     hot += st.windows[w].hot;
   }
-  std::printf("hot-user ratio after the first %u windows: %.3f\n", config->hot_windows,
-              req == 0 ? 0.0 : static_cast<double>(hot) / static_cast<double>(req));
+  if (req == 0) {
+    std::printf("hot-user ratio: n/a (the trace is not longer than the first %u windows)\n",
+                config->hot_windows);
+  } else {
+    std::printf("hot-user ratio after the first %u windows: %.3f\n", config->hot_windows,
+                static_cast<double>(hot) / static_cast<double>(req));
+  }
   if (per_window) {
     std::printf("%8s %9s %9s\n", "window", "requests", "hot");
     for (size_t w = 0; w < st.windows.size(); ++w) {

@@ -19,7 +19,7 @@
 #include "gtest/gtest.h"
 #include "hlem/v1/serving_node.grpc.pb.h"
 #include "tests/testing/node_process.h"
-#include "tests/testing/process.h"
+#include "common/process.h"
 #include "tests/testing/shard_cluster.h"
 
 namespace hlem {

@@ -19,7 +19,7 @@
 #include "gtest/gtest.h"
 #include "hlem/v1/router.grpc.pb.h"
 #include "tests/testing/node_process.h"
-#include "tests/testing/process.h"
+#include "common/process.h"
 #include "tests/testing/shard_cluster.h"
 
 namespace hlem {
@@ -54,17 +54,17 @@ class RouterIntegrationTest : public ::testing::Test {
     ASSERT_GT(late_port_, 0);
     late_address_ = absl::StrCat("127.0.0.1:", late_port_);
     const std::string ports = dir_ + "/router.ports";
-    auto router = testing::ChildProcess::Start(
+    auto router = ChildProcess::Start(
         {HLEM_ROUTER_BINARY, "--nodes",
          absl::StrCat(nodes_[0].address(), ",", nodes_[1].address(), ",", late_address_),
          "--ports-file", ports, "--max-report-age-ms", "2000", "--discovery-interval-s", "0.2",
          "--unhealthy-to-leave", "2", "--calibrate-costs", "true"},
         dir_ + "/router.log");
     ASSERT_TRUE(router.ok()) << router.status();
-    router_ = std::make_unique<testing::ChildProcess>(std::move(*router));
-    auto port = testing::WaitForPort(ports, "grpc", absl::Seconds(60), router_.get());
+    router_ = std::make_unique<ChildProcess>(std::move(*router));
+    auto port = WaitForPort(ports, "grpc", absl::Seconds(60), router_.get());
     ASSERT_TRUE(port.ok()) << port.status();
-    auto metrics = testing::WaitForPort(ports, "metrics", absl::Seconds(5), router_.get());
+    auto metrics = WaitForPort(ports, "metrics", absl::Seconds(5), router_.get());
     ASSERT_TRUE(metrics.ok()) << metrics.status();
     metrics_port_ = *metrics;
     stub_ = v1::Router::NewStub(MakeChannel(absl::StrCat("127.0.0.1:", *port)));
@@ -118,7 +118,7 @@ class RouterIntegrationTest : public ::testing::Test {
   std::string dir_;
   std::unique_ptr<testing::ShardCluster> shards_;
   std::vector<testing::NodeProcess> nodes_;
-  std::unique_ptr<testing::ChildProcess> router_;
+  std::unique_ptr<ChildProcess> router_;
   std::unique_ptr<v1::Router::Stub> stub_;
   int metrics_port_ = 0;
   int late_port_ = 0;

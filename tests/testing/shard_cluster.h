@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "embedding_shard/core/shard_config.h"
-#include "tests/testing/process.h"
+#include "common/process.h"
 
 namespace hlem::testing {
 

@@ -1,4 +1,4 @@
-#include "tests/testing/process.h"
+#include "common/process.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -12,10 +12,21 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
-namespace hlem::testing {
+namespace hlem {
 
 absl::StatusOr<ChildProcess> ChildProcess::Start(const std::vector<std::string>& argv,
                                                  const std::string& log_path) {
+  return Start(argv, log_path, Options{});
+}
+
+pid_t ChildProcess::Detach() {
+  reaped_ = true;  // not ours to kill or reap any more
+  return pid_;
+}
+
+absl::StatusOr<ChildProcess> ChildProcess::Start(const std::vector<std::string>& argv,
+                                                 const std::string& log_path,
+                                                 const Options& options) {
   if (argv.empty()) return absl::InvalidArgumentError("empty argv");
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
@@ -32,9 +43,13 @@ absl::StatusOr<ChildProcess> ChildProcess::Start(const std::vector<std::string>&
     sigset_t all;
     sigfillset(&all);
     sigprocmask(SIG_UNBLOCK, &all, nullptr);
-    // Die with the parent (e.g. a test killed by a ctest timeout): no orphan servers holding GiBs.
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() == 1) _exit(127);
+    if (options.new_session) setsid();
+    if (options.die_with_parent) {
+      // Die with the parent (e.g. a test killed by a ctest timeout): no orphan servers holding
+      // GiBs.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() == 1) _exit(127);
+    }
     dup2(log, STDOUT_FILENO);
     dup2(log, STDERR_FILENO);
     execv(args[0], args.data());
@@ -131,4 +146,4 @@ absl::StatusOr<int> WaitForPort(const std::string& ports_file, const std::string
   return absl::DeadlineExceededError(absl::StrCat("no '", key, "' in ", ports_file));
 }
 
-}  // namespace hlem::testing
+}  // namespace hlem

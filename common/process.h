@@ -1,7 +1,8 @@
 #pragma once
-// Child processes for integration tests, benchmarks and the local cluster tool: start a binary
-// with arguments and a log file, signal it, wait for it. A ChildProcess kills (SIGKILL) and reaps
-// its process when destroyed, so a failing test leaves no orphans. Not thread-safe.
+// Child processes for integration tests, benchmarks and the local cluster tool (hlem cluster):
+// start a binary with arguments and a log file, signal it, wait for it. A ChildProcess kills
+// (SIGKILL) and reaps its process when destroyed, so a failing test leaves no orphans. Not
+// thread-safe.
 
 #include <sys/types.h>
 
@@ -11,13 +12,21 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
-namespace hlem::testing {
+namespace hlem {
 
 class ChildProcess {
  public:
+  struct Options {
+    // The child gets SIGKILL when this process dies (tests: no orphans after a crash).
+    bool die_with_parent = true;
+    // The child leads a new session (a daemon: a terminal's Ctrl-C does not reach it).
+    bool new_session = false;
+  };
   // argv[0] is the executable path. stdout and stderr go to log_path (appended).
   static absl::StatusOr<ChildProcess> Start(const std::vector<std::string>& argv,
                                             const std::string& log_path);
+  static absl::StatusOr<ChildProcess> Start(const std::vector<std::string>& argv,
+                                            const std::string& log_path, const Options& options);
   ChildProcess(ChildProcess&& other) noexcept;
   ChildProcess& operator=(ChildProcess&& other) noexcept;
   ChildProcess(const ChildProcess&) = delete;
@@ -32,6 +41,8 @@ class ChildProcess {
   absl::StatusOr<int> Wait(absl::Duration timeout);
   // SIGTERM, wait up to `grace`, then SIGKILL. Returns the wait status.
   int Stop(absl::Duration grace = absl::Seconds(10));
+  // Lets the process run on after this object goes (neither killed nor reaped); returns its pid.
+  pid_t Detach();
 
  private:
   explicit ChildProcess(pid_t pid) : pid_(pid) {}
@@ -44,4 +55,4 @@ class ChildProcess {
 absl::StatusOr<int> WaitForPort(const std::string& ports_file, const std::string& key,
                                 absl::Duration timeout, ChildProcess* process = nullptr);
 
-}  // namespace hlem::testing
+}  // namespace hlem

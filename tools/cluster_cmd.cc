@@ -1,0 +1,291 @@
+// `hlem cluster up|down|status`: the `local` profile on loopback (ARCHITECTURE §9; issue 6): the
+// embedding shards of a shard config, N serving nodes of a node config and the router, on
+// OS-chosen ports, each a daemon in its own session with its log in the run directory.
+//
+//   up      starts shards, then nodes (with the shards' addresses), then the router (with the
+//           nodes'), waiting for each one's ports file; on any failure stops everything it started
+//           and prints the failing process's log tail. Writes <run-dir>/cluster.state.
+//   status  each process: alive, and serving (gRPC health check); exit 1 unless all are.
+//   down    SIGTERM router, nodes, shards in that order (each drains), SIGKILL after the timeout;
+//           only processes whose command line is still the one started (a reused pid is left
+//           alone); removes the state file.
+//
+// cluster.state: one line per process, "<role> <name> <pid> <grpc port> <binary> <log>".
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/grpc_health_probe.h"
+#include "common/process.h"
+#include "embedding_shard/core/shard_config.h"
+#include "tools/commands.h"
+
+namespace hlem::tools {
+namespace {
+
+struct ClusterFlags {
+  std::string shards_config = "deploy/local/shards.yaml";
+  std::string node_config = "deploy/local/node.yaml";
+  std::string run_dir = "out/cluster";
+  std::string bin_dir;  // default: the build tree this hlem binary belongs to
+  uint32_t nodes = 4;
+  double timeout_s = 180;
+  double down_timeout_s = 30;
+  std::vector<std::string> router_args;
+};
+
+struct Member {
+  std::string role, name;
+  pid_t pid = 0;
+  int port = 0;
+  std::string binary, log;
+};
+
+std::string StatePath(const std::string& run_dir) { return run_dir + "/cluster.state"; }
+
+// The build tree of this binary: <build>/tools/hlem -> <build>.
+std::string DefaultBinDir() {
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return "build";
+  return self.parent_path().parent_path().string();
+}
+
+// The first word of /proc/pid/cmdline ("" when the process is gone).
+std::string CommandOf(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/cmdline"));
+  std::string argv0;
+  std::getline(in, argv0, '\0');
+  return argv0;
+}
+
+bool Alive(const Member& m) { return m.pid > 0 && CommandOf(m.pid) == m.binary; }
+
+absl::StatusOr<std::vector<Member>> ReadState(const std::string& run_dir) {
+  std::ifstream in(StatePath(run_dir));
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("no cluster in ", run_dir, " (no cluster.state)"));
+  }
+  std::vector<Member> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream s(line);
+    Member m;
+    if (s >> m.role >> m.name >> m.pid >> m.port >> m.binary >> m.log) out.push_back(m);
+  }
+  return out;
+}
+
+std::string Tail(const std::string& path, size_t lines) {
+  std::ifstream in(path);
+  std::vector<std::string> all;
+  std::string line;
+  while (std::getline(in, line)) all.push_back(line);
+  const size_t from = all.size() > lines ? all.size() - lines : 0;
+  std::string out;
+  for (size_t i = from; i < all.size(); ++i) absl::StrAppend(&out, "    ", all[i], "\n");
+  return out;
+}
+
+int Up(const ClusterFlags& f) {
+  std::filesystem::create_directories(f.run_dir);
+  if (auto state = ReadState(f.run_dir); state.ok()) {
+    for (const Member& m : *state) {
+      if (Alive(m)) {
+        std::fprintf(stderr,
+                     "hlem cluster up: a cluster is already up in %s (%s pid %d); run `hlem "
+                     "cluster down --run-dir %s` first\n",
+                     f.run_dir.c_str(), m.name.c_str(), m.pid, f.run_dir.c_str());
+        return 1;
+      }
+    }
+    std::filesystem::remove(StatePath(f.run_dir));  // stale
+  }
+  auto shards = shard::LoadShardClusterConfig(f.shards_config);
+  if (!shards.ok()) {
+    std::fprintf(stderr, "hlem cluster up: --shards-config: %s\n",
+                 std::string(shards.status().message()).c_str());
+    return 2;
+  }
+  if (f.nodes == 0) {
+    std::fprintf(stderr, "hlem cluster up: --nodes: must be >= 1\n");
+    return 2;
+  }
+  const std::string bin = f.bin_dir.empty() ? DefaultBinDir() : f.bin_dir;
+  const std::string shard_bin = bin + "/embedding_shard/embedding_shard";
+  const std::string node_bin = bin + "/serving_node/serving_node";
+  const std::string router_bin = bin + "/router/router";
+  for (const std::string& b : {shard_bin, node_bin, router_bin}) {
+    if (access(b.c_str(), X_OK) != 0) {
+      std::fprintf(stderr, "hlem cluster up: %s is missing (build it, or pass --bin-dir)\n",
+                   b.c_str());
+      return 2;
+    }
+  }
+  const absl::Duration timeout = absl::Seconds(f.timeout_s);
+  std::vector<ChildProcess> started;
+  std::vector<Member> members;
+  // Starts one process and waits for its serving port; false (after stopping everything started)
+  // on failure.
+  auto start = [&](const std::string& role, const std::string& name, const std::string& binary,
+                   std::vector<std::string> args) -> bool {
+    const std::string ports = absl::StrCat(f.run_dir, "/", name, ".ports");
+    const std::string log = absl::StrCat(f.run_dir, "/", name, ".log");
+    std::filesystem::remove(ports);
+    args.insert(args.begin(), binary);
+    args.insert(args.end(), {"--ports-file", ports});
+    auto child = ChildProcess::Start(args, log, {.die_with_parent = false, .new_session = true});
+    absl::StatusOr<int> port = child.ok() ? absl::StatusOr<int>(absl::UnknownError(""))
+                                          : absl::StatusOr<int>(child.status());
+    if (child.ok()) {
+      started.push_back(std::move(*child));
+      port = WaitForPort(ports, "grpc", timeout, &started.back());
+    }
+    if (!port.ok()) {
+      std::fprintf(stderr, "hlem cluster up: %s did not start: %s\n  %s:\n%s", name.c_str(),
+                   std::string(port.status().message()).c_str(), log.c_str(),
+                   Tail(log, 15).c_str());
+      for (auto it = started.rbegin(); it != started.rend(); ++it) it->Stop(absl::Seconds(10));
+      return false;
+    }
+    members.push_back({role, name, started.back().pid(), *port, binary, log});
+    std::printf("  %-7s %-8s 127.0.0.1:%-6d pid %-7d log %s\n", role.c_str(), name.c_str(), *port,
+                started.back().pid(), log.c_str());
+    return true;
+  };
+  const absl::Time t0 = absl::Now();
+  std::printf("starting the local cluster in %s (binaries from %s)\n", f.run_dir.c_str(),
+              bin.c_str());
+  std::vector<std::string> shard_addresses, node_addresses;
+  for (uint32_t i = 0; i < shards->map.num_shards; ++i) {
+    if (!start("shard", absl::StrCat("shard", i), shard_bin,
+               {"--config", f.shards_config, "--shard-index", std::to_string(i)})) {
+      return 1;
+    }
+    shard_addresses.push_back(absl::StrCat("127.0.0.1:", members.back().port));
+  }
+  for (uint32_t i = 0; i < f.nodes; ++i) {
+    if (!start("node", absl::StrCat("node-", i), node_bin,
+               {"--config", f.node_config, "--node-id", absl::StrCat("node-", i), "--shard-servers",
+                absl::StrJoin(shard_addresses, ",")})) {
+      return 1;
+    }
+    node_addresses.push_back(absl::StrCat("127.0.0.1:", members.back().port));
+  }
+  std::vector<std::string> router_args = {"--nodes", absl::StrJoin(node_addresses, ",")};
+  router_args.insert(router_args.end(), f.router_args.begin(), f.router_args.end());
+  if (!start("router", "router", router_bin, router_args)) return 1;
+
+  std::ofstream state(StatePath(f.run_dir));
+  for (const Member& m : members) {
+    state << m.role << " " << m.name << " " << m.pid << " " << m.port << " " << m.binary << " "
+          << m.log << "\n";
+  }
+  state.close();
+  if (!state) {
+    std::fprintf(stderr, "hlem cluster up: cannot write %s\n", StatePath(f.run_dir).c_str());
+    for (auto it = started.rbegin(); it != started.rend(); ++it) it->Stop(absl::Seconds(10));
+    return 1;
+  }
+  for (ChildProcess& c : started) c.Detach();
+  std::printf("cluster up in %.1f s: router 127.0.0.1:%d (hlem cluster status|down --run-dir %s)\n",
+              absl::ToDoubleSeconds(absl::Now() - t0), members.back().port, f.run_dir.c_str());
+  return 0;
+}
+
+int Status(const ClusterFlags& f) {
+  auto state = ReadState(f.run_dir);
+  if (!state.ok()) {
+    std::fprintf(stderr, "hlem cluster status: %s\n",
+                 std::string(state.status().message()).c_str());
+    return 1;
+  }
+  GrpcHealthProbe probe;
+  bool all = true;
+  std::printf("%-7s %-8s %-16s %-8s %s\n", "role", "name", "address", "pid", "state");
+  for (const Member& m : *state) {
+    const std::string address = absl::StrCat("127.0.0.1:", m.port);
+    std::string what = "serving";
+    if (!Alive(m)) {
+      what = "not running";
+    } else if (absl::Status h = probe.Check(address, absl::Seconds(2)); !h.ok()) {
+      what = absl::StrCat("not serving: ", h.message());
+    }
+    all = all && what == "serving";
+    std::printf("%-7s %-8s %-16s %-8d %s\n", m.role.c_str(), m.name.c_str(), address.c_str(), m.pid,
+                what.c_str());
+  }
+  return all ? 0 : 1;
+}
+
+int Down(const ClusterFlags& f) {
+  auto state = ReadState(f.run_dir);
+  if (!state.ok()) {
+    std::fprintf(stderr, "hlem cluster down: %s\n", std::string(state.status().message()).c_str());
+    return 1;
+  }
+  int stopped = 0, killed = 0;
+  // Router first (stops new requests), then the nodes (drain), then the shards.
+  for (const std::string role : {"router", "node", "shard"}) {
+    std::vector<Member> group;
+    for (const Member& m : *state) {
+      if (m.role == role && Alive(m)) group.push_back(m);
+    }
+    for (const Member& m : group) kill(m.pid, SIGTERM);
+    const absl::Time deadline = absl::Now() + absl::Seconds(f.down_timeout_s);
+    for (const Member& m : group) {
+      while (Alive(m) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+      if (Alive(m)) {
+        kill(m.pid, SIGKILL);
+        ++killed;
+        while (Alive(m)) absl::SleepFor(absl::Milliseconds(20));
+      }
+      ++stopped;
+    }
+  }
+  std::filesystem::remove(StatePath(f.run_dir));
+  std::printf("cluster down: %d processes stopped (%d killed after %.0f s)\n", stopped, killed,
+              f.down_timeout_s);
+  return 0;
+}
+
+}  // namespace
+
+void RegisterClusterCommands(CLI::App& app, Run* run) {
+  CLI::App* cluster = app.add_subcommand("cluster", "the local cluster: shards, nodes, router");
+  cluster->require_subcommand(1);
+  auto f = std::make_shared<ClusterFlags>();
+  auto* up = cluster->add_subcommand("up", "start the local cluster and wait until it serves");
+  up->add_option("--shards-config", f->shards_config, "embedding shard cluster config");
+  up->add_option("--node-config", f->node_config, "serving node config");
+  up->add_option("--nodes", f->nodes, "serving nodes")->check(CLI::Range(1u, 64u));
+  up->add_option("--bin-dir", f->bin_dir, "build tree with the binaries (default: hlem's own)");
+  up->add_option("--timeout-s", f->timeout_s, "wait this long for each process")
+      ->check(CLI::PositiveNumber);
+  up->add_option("--router-arg", f->router_args, "extra router flag (repeatable)")
+      ->allow_extra_args(false);
+  for (CLI::App* sub : {up, cluster->add_subcommand("status", "is every process serving?"),
+                        cluster->add_subcommand("down", "stop the local cluster")}) {
+    sub->add_option("--run-dir", f->run_dir, "logs, ports and cluster.state");
+  }
+  cluster->get_subcommand("down")
+      ->add_option("--timeout-s", f->down_timeout_s, "SIGKILL what has not exited after this long")
+      ->check(CLI::PositiveNumber);
+  up->callback([=] { *run = [=] { return Up(*f); }; });
+  cluster->get_subcommand("status")->callback([=] { *run = [=] { return Status(*f); }; });
+  cluster->get_subcommand("down")->callback([=] { *run = [=] { return Down(*f); }; });
+}
+
+}  // namespace hlem::tools
