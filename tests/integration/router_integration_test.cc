@@ -14,12 +14,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_server.h"
+#include "common/process.h"
 #include "common/rng.h"
 #include "grpcpp/client_context.h"
 #include "gtest/gtest.h"
 #include "hlem/v1/router.grpc.pb.h"
 #include "tests/testing/node_process.h"
-#include "common/process.h"
 #include "tests/testing/shard_cluster.h"
 
 namespace hlem {

@@ -373,8 +373,8 @@ TEST(ShardIntegrationTest, BadConfigIsFatalAndNamesTheField) {
     out << "shard_map: {num_shards: 2, replicas: 5}\n"
            "tables: [{id: 0, name: item, rows: 0, dim: 8}]\n";
   }
-  auto process = ChildProcess::Start(
-      {HLEM_SHARD_BINARY, "--config", config, "--shard-index", "0"}, dir + "/log");
+  auto process = ChildProcess::Start({HLEM_SHARD_BINARY, "--config", config, "--shard-index", "0"},
+                                     dir + "/log");
   ASSERT_TRUE(process.ok());
   auto status = process->Wait(absl::Seconds(30));
   ASSERT_TRUE(status.ok());

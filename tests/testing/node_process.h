@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "hlem/v1/serving_node.grpc.pb.h"
 #include "common/process.h"
+#include "hlem/v1/serving_node.grpc.pb.h"
 #include "tests/testing/shard_cluster.h"
 
 namespace hlem::testing {

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "embedding_shard/core/shard_config.h"
 #include "common/process.h"
+#include "embedding_shard/core/shard_config.h"
 
 namespace hlem::testing {
 
