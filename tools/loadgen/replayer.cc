@@ -40,6 +40,7 @@ class Replayer {
     v1::RecommendRequest req;
     v1::RecommendResponse resp;
     absl::Time sent, deadline;
+    uint64_t events = 0;  // the user's history length this request carries (full or via delta)
     bool delta = false, resent = false;
   };
 
@@ -79,10 +80,11 @@ void Replayer::Done(Call* call, const grpc::Status& status) {
     // The node no longer holds the named prefix: the whole history, at once.
     {
       absl::MutexLock lock(&mu_);
+      // Only this request's history: later requests of the user may have added events since.
       const UserState& u = users_[call->user];
       call->req.clear_history();
       call->req.clear_delta();
-      AddEvents(u.history, 0, u.history.size() / F_, call->req.mutable_history());
+      AddEvents(u.history, 0, call->events, call->req.mutable_history());
     }
     call->resent = true;
     Start(call);
@@ -175,6 +177,7 @@ absl::Status Replayer::Run(sim::TraceReader& trace, std::vector<Outcome>* out) {
         }
         ++u.in_flight;
         u.prefix_valid = false;
+        call->events = u.history.size() / F_;
         ++in_flight_;
         call->sent = absl::Now();
         outcomes_.back().sent_ns =
