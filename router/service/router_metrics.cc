@@ -1,5 +1,7 @@
 #include "router/service/router_metrics.h"
 
+#include <algorithm>
+
 #include "absl/status/status.h"
 
 namespace hlem::router {
@@ -80,11 +82,21 @@ void RouterMetrics::ObserveRecommend(int code, double seconds) {
 }
 
 void RouterMetrics::Refresh(const Cluster& cluster) {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> now;
   for (const NodeStatus& n : cluster.Nodes()) {
     node_load_.Add({{"node", n.id}}).Set(n.load);
     node_view_.Add({{"node", n.id}}).Set(static_cast<double>(n.view));
     node_users_.Add({{"node", n.id}}).Set(static_cast<double>(n.resident_users));
+    now.push_back(n.id);
   }
+  for (const std::string& id : shown_) {
+    if (std::find(now.begin(), now.end(), id) != now.end()) continue;
+    for (prometheus::Family<prometheus::Gauge>* f : {&node_load_, &node_view_, &node_users_}) {
+      f->Remove(&f->Add({{"node", id}}));
+    }
+  }
+  shown_ = std::move(now);
   const ClusterStats s = cluster.Stats();
   events_.Add({{"counter", "applied"}}).Set(static_cast<double>(s.events_applied));
   events_.Add({{"counter", "ignored"}}).Set(static_cast<double>(s.events_ignored));

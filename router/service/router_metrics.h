@@ -2,8 +2,9 @@
 // The router's metrics (hlem_router_*): Recommend answers by code and latency; decisions by policy
 // and reason with their latency (µs buckets); the locality of the chosen node and the best one
 // available (sums of h_kv and h_emb: their ratio is the locality given up for load); and, refreshed
-// from the cluster once a second, each node's load and view, event counters (applied, ignored,
-// gaps, snapshots, epoch resets, filter full), cached profiles and index memory. Thread-safe.
+// from the cluster once a second, each node's load and view (a node that left loses its series),
+// event counters (applied, ignored, gaps, snapshots, epoch resets, filter full), cached profiles,
+// index memory and the scorer's weights. Thread-safe.
 
 #include <string>
 #include <vector>
@@ -43,6 +44,8 @@ class RouterMetrics {
   prometheus::Gauge& profiles_;
   prometheus::Gauge& index_bytes_;
   prometheus::Family<prometheus::Gauge>& weights_;
+  absl::Mutex mu_;                                       // one Refresh at a time
+  std::vector<std::string> shown_ ABSL_GUARDED_BY(mu_);  // node ids with gauges
 };
 
 }  // namespace hlem::router

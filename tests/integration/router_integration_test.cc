@@ -178,6 +178,10 @@ TEST_F(RouterIntegrationTest, ReturningUsersGoBackToTheirKvAndFailOverWhenANodeG
   for (int i = 0; i < 100 && State().nodes_size() != 1; ++i) absl::SleepFor(absl::Milliseconds(50));
   ASSERT_EQ(State().nodes_size(), 1);
   EXPECT_EQ(State().nodes(0).node_id(), "node-b");
+  absl::SleepFor(absl::Milliseconds(1200));  // a metrics refresh: node-a's series are gone
+  const std::string after = testing::ScrapeMetrics(metrics_port_);
+  EXPECT_EQ(after.find("hlem_router_node_load{node=\"node-a\"}"), std::string::npos);
+  EXPECT_NE(after.find("hlem_router_node_load{node=\"node-b\"}"), std::string::npos);
 
   // node-c starts on the third listed address: it joins, its view becomes exact, and it serves.
   auto late = testing::StartNode(HLEM_NODE_BINARY, dir_, dir_ + "/node.yaml", "node-c",
