@@ -77,13 +77,21 @@ void BM_ForwardCached(benchmark::State& state) {
   }
 }
 
+// Also the model's achieved FLOP/s (ReferenceForwardFlops per forward) and the `local` profile's
+// link by ARCHITECTURE §9's rule: FLOP/s ÷ 12.5 kFLOP/B.
 void BM_ForwardReference(benchmark::State& state) {
-  Fixture f(static_cast<uint32_t>(state.range(0)));
+  const auto length = static_cast<uint32_t>(state.range(0));
+  Fixture f(length);
   for (auto _ : state) {
     if (!f.model->ForwardReference(f.history, f.cand, f.scores).ok()) {
       state.SkipWithError("forward failed");
     }
   }
+  const double flops = ReferenceForwardFlops(LocalProfile(), length, kCandidates);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["link_MB/s"] =
+      benchmark::Counter(flops / 12.5e3 / 1e6, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 BENCHMARK(BM_ForwardCached)

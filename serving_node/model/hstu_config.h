@@ -28,4 +28,19 @@ struct HstuConfig {
   absl::Status Validate() const;
 };
 
+// Floating-point operations of ForwardReference over `history` tokens and `candidates`: per layer
+// the UVQK and output projections of all n = history + candidates tokens (2·n·D·uvqk_dim and
+// 2·n·heads·d_v·D) and the attention products over the full n × n score matrix of every head
+// (2·n²·heads·(d_qk + d_v): masked entries included, as the CPU computes them), plus the scoring
+// head over the candidates (2·C·(D·h + h·T)). Element-wise work (norms, SiLU, masks) is left out.
+// The `local` profile's link is the model's measured FLOP/s ÷ 12.5 kFLOP/B (ARCHITECTURE §9).
+inline double ReferenceForwardFlops(const HstuConfig& c, uint64_t history, uint64_t candidates) {
+  const double n = static_cast<double>(history + candidates), D = c.dim, H = c.heads;
+  const double per_layer = 2 * n * D * c.uvqk_dim() + 2 * n * H * c.d_v * D +
+                           2 * n * n * H * (static_cast<double>(c.d_qk) + c.d_v);
+  const double head = 2.0 * static_cast<double>(candidates) *
+                      (D * c.head_hidden + static_cast<double>(c.head_hidden) * c.targets);
+  return c.layers * per_layer + head;
+}
+
 }  // namespace hlem::serving

@@ -294,5 +294,15 @@ TEST(HstuModelTest, BadInputsAreErrors) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(HstuConfigTest, ReferenceForwardFlopsCountsTheDenseProducts) {
+  // D 4, 1 head of d_qk 2 and d_v 3 (uvqk_dim 10), head 5 → 1 target, 2 layers; 3 + 1 tokens.
+  const HstuConfig c{.layers = 2, .dim = 4, .heads = 1, .d_qk = 2, .d_v = 3, .head_hidden = 5};
+  const double n = 4;
+  const double layer = 2 * n * 4 * 10 + 2 * n * 3 * 4 + 2 * n * n * (2 + 3);
+  EXPECT_DOUBLE_EQ(ReferenceForwardFlops(c, 3, 1), 2 * layer + 2 * 1 * (4 * 5 + 5 * 1));
+  // Attention grows with the square of the tokens.
+  EXPECT_GT(ReferenceForwardFlops(c, 1000, 0), 3.9 * ReferenceForwardFlops(c, 500, 0));
+}
+
 }  // namespace
 }  // namespace hlem::serving
