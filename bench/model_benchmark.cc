@@ -88,9 +88,9 @@ void BM_ForwardReference(benchmark::State& state) {
     }
   }
   const double flops = ReferenceForwardFlops(LocalProfile(), length, kCandidates);
-  state.counters["GFLOP/s"] =
+  state.counters["GFLOP"] =
       benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["link_MB/s"] =
+  state.counters["link_MB"] =
       benchmark::Counter(flops / 12.5e3 / 1e6, benchmark::Counter::kIsIterationInvariantRate);
 }
 
