@@ -54,6 +54,8 @@ class Replayer {
   }
   void Start(Call* call);
   void Done(Call* call, const grpc::Status& status);
+  // Writes the call's outcome and updates its user's state.
+  void Record(const Call& call, const grpc::Status& status, absl::Time now);
 
   const ReplayOptions options_;
   const size_t F_;
@@ -91,18 +93,28 @@ void Replayer::Done(Call* call, const grpc::Status& status) {
     return;
   }
   std::unique_ptr<Call> owned(call);
+  Record(*call, status, now);
+  // The call's context and messages go before the call stops counting as in flight: once the
+  // last one is out, Run returns and the process may exit.
+  owned.reset();
   absl::MutexLock lock(&mu_);
-  Outcome& o = outcomes_[call->index];
+  --in_flight_;
+  ++recorded_;
+}
+
+void Replayer::Record(const Call& call, const grpc::Status& status, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  Outcome& o = outcomes_[call.index];
   o.sent = true;
-  o.latency_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(now - call->sent));
+  o.latency_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(now - call.sent));
   o.code = static_cast<int>(status.error_code());
-  o.delta = call->delta;
-  o.resent = call->resent;
-  UserState& u = users_[call->user];
+  o.delta = call.delta;
+  o.resent = call.resent;
+  UserState& u = users_[call.user];
   --u.in_flight;
   u.prefix_valid = false;
   if (status.ok()) {
-    const v1::RecommendResponse& r = call->resp;
+    const v1::RecommendResponse& r = call.resp;
     o.node = r.node_id();
     o.h_kv = r.h_kv();
     o.h_emb = r.h_emb();
@@ -118,8 +130,6 @@ void Replayer::Done(Call* call, const grpc::Status& status) {
   } else {
     o.message = status.error_message();
   }
-  --in_flight_;
-  ++recorded_;
 }
 
 absl::Status Replayer::Run(sim::TraceReader& trace, std::vector<Outcome>* out) {
