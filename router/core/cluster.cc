@@ -364,16 +364,17 @@ RouteResult Cluster::Route(uint64_t user, std::span<const uint64_t> history, boo
       entry.speculative_node >= 0 && entry.speculative_expiry > now ? entry.speculative_node : -1;
   // h_emb: per profile shard, the nodes holding it.
   std::fill(emb_counts_.begin(), emb_counts_.end(), 0);
+  uint64_t total = 0;  // the profile's weight: shards, or their events
   for (const CompactEntry& p : entry.profile) {
+    const uint32_t weight = options_.h_emb_by_events ? p.count : 1;
+    total += weight;
     for (size_t k = 0; k < words_; ++k) {
       for (uint64_t w = bits_[p.shard * words_ + k]; w != 0; w &= w - 1) {
         const size_t node = k * 64 + static_cast<size_t>(std::countr_zero(w));
-        if (node < emb_counts_.size()) emb_counts_[node] += options_.h_emb_by_events ? p.count : 1;
+        if (node < emb_counts_.size()) emb_counts_[node] += weight;
       }
     }
   }
-  uint64_t total = 0;
-  for (const CompactEntry& p : entry.profile) total += options_.h_emb_by_events ? p.count : 1;
   const double profile_size = static_cast<double>(std::max<uint64_t>(1, total));
   const KvFilter::Probe probe = KvFilter::ProbeOf(user);
   const absl::Time stale_before = now - options_.max_report_age;
