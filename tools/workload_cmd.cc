@@ -78,12 +78,7 @@ int Stats(const std::string& path, bool per_window) {
   absl::StatusOr<sim::WorkloadConfig> config =
       sim::ParseWorkloadConfig((*reader)->header().config_yaml);
   if (!config.ok()) return Fail(absl::StrCat(path, ": header config"), config.status());
-  sim::TraceAnalyzer analyzer(
-      {.window_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(config->window)),
-       .hot_windows = config->hot_windows,
-       .residency_shard_rows = config->residency_shard_rows,
-       .community_rows = config->features[0].rows / config->communities},
-      config->features.size());
+  sim::TraceAnalyzer analyzer(sim::StatsOptionsFor(*config), config->features.size());
   sim::TraceRequest r;
   while (true) {
     absl::StatusOr<bool> more = (*reader)->Next(&r);

@@ -5,6 +5,13 @@
 
 namespace hlem::sim {
 
+StatsOptions StatsOptionsFor(const WorkloadConfig& c) {
+  return {.window_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(c.window)),
+          .hot_windows = c.hot_windows,
+          .residency_shard_rows = c.residency_shard_rows,
+          .community_rows = c.features[0].rows / c.communities};
+}
+
 void TraceAnalyzer::Add(const TraceRequest& r) {
   ++stats_.requests;
   last_t_ = r.t_ns;

@@ -21,6 +21,10 @@ struct StatsOptions {
   uint64_t max_coverage_users = 20000;  // users whose histories are kept for the coverage
 };
 
+// The options that measure a trace of `config` (its window, horizon, residency shards and
+// community size).
+StatsOptions StatsOptionsFor(const WorkloadConfig& config);
+
 struct WindowCount {
   uint64_t requests = 0, hot = 0;
   double hot_ratio() const { return requests == 0 ? 0 : static_cast<double>(hot) / requests; }

@@ -8,27 +8,12 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sim/workload/workload_testing.h"
 
 namespace hlem::sim {
 namespace {
 
 using ::testing::HasSubstr;
-
-WorkloadConfig Tiny(uint64_t seed) {
-  WorkloadConfig c;
-  c.seed = seed;
-  c.features = {{"item", 0, 64 * 64}, {"category", 1, 100}};
-  c.communities = 64;
-  c.residency_shard_rows = 64;
-  c.users = 1000;
-  c.hot_users = 50;
-  c.history_min = 5;
-  c.history_max = 20;
-  c.candidates = 4;
-  c.rate = 100;
-  c.phases = {{.regime = Regime::kSteady, .duration = absl::Seconds(5)}};
-  return c;
-}
 
 std::string Bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -46,7 +31,7 @@ class TraceTest : public ::testing::Test {
   std::string Write(uint64_t seed, const std::string& name) {
     const std::string p = Path(name);
     paths_.push_back(p);
-    auto g = *WorkloadGenerator::Create(Tiny(seed));
+    auto g = *WorkloadGenerator::Create(testing::TinyWorkload(seed));
     auto n = WriteTrace(*g, p);
     EXPECT_TRUE(n.ok()) << n.status();
     return p;
@@ -78,7 +63,7 @@ TEST_F(TraceTest, RoundTripsByteForByte) {
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->seed, 7u);
 
-  auto g = *WorkloadGenerator::Create(Tiny(7));
+  auto g = *WorkloadGenerator::Create(testing::TinyWorkload(7));
   TraceRequest want, got;
   uint64_t n = 0;
   while (g->Next(&want)) {

@@ -8,6 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sim/workload/stats.h"
+#include "sim/workload/workload_testing.h"
 
 namespace hlem::sim {
 namespace {
@@ -17,11 +18,8 @@ using ::testing::HasSubstr;
 // A small catalogue: 64 communities of 128 items (2 residency shards of 64 rows each), short
 // histories, 1 s windows.
 WorkloadConfig Small(Regime regime, absl::Duration duration) {
-  WorkloadConfig c;
-  c.seed = 42;
+  WorkloadConfig c = testing::TinyWorkload(42);
   c.features = {{"item", 0, 64 * 128}, {"category", 1, 256}};
-  c.communities = 64;
-  c.residency_shard_rows = 64;
   c.users = 200000;
   c.hot_users = 500;
   c.history_min = 50;
@@ -40,11 +38,7 @@ WorkloadConfig Small(Regime regime, absl::Duration duration) {
 }
 
 TraceStats Measure(WorkloadGenerator& g, std::vector<double>* p_hot = nullptr) {
-  TraceAnalyzer a({.window_ns = 1'000'000'000,
-                   .hot_windows = g.config().hot_windows,
-                   .residency_shard_rows = g.config().residency_shard_rows,
-                   .community_rows = g.config().features[0].rows / g.config().communities},
-                  g.config().features.size());
+  TraceAnalyzer a(StatsOptionsFor(g.config()), g.config().features.size());
   TraceRequest r;
   while (g.Next(&r)) a.Add(r);
   TraceStats st = a.Finish();

@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "hlem/v1/router.grpc.pb.h"
 #include "sim/workload/trace.h"
+#include "sim/workload/workload_testing.h"
 #include "tools/loadgen/replayer.h"
 #include "tools/loadgen/summary.h"
 
@@ -77,14 +78,9 @@ class LoadgenTest : public ::testing::Test {
     server_ = *GrpcServer::Create(o, {router_.get()});
   }
   std::string Trace(double rate, absl::Duration duration) {
-    sim::WorkloadConfig c;
-    c.features = {{"item", 0, 64 * 64}, {"category", 1, 100}};
-    c.communities = 64;
-    c.residency_shard_rows = 64;
+    sim::WorkloadConfig c = sim::testing::TinyWorkload();
     c.users = 2000;
     c.hot_users = 20;
-    c.history_min = 5;
-    c.history_max = 20;
     c.candidates = 3;
     c.rate = rate;
     c.window = absl::Seconds(1);
