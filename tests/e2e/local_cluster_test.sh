@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# End to end on loopback (issue 6): `hlem cluster up` (1 shard, 2 serving nodes, router), 30 s of
-# Steady at 10 requests/s replayed open-loop by `hlem loadgen` (every request must be answered
-# OK), `hlem cluster down`, and no process of the cluster left running.
+# End to end on loopback (issue 6): a `hlem cluster up` whose node cannot start fails and leaves
+# nothing running; then `hlem cluster up` (1 shard, 2 serving nodes, router), 30 s of Steady at 10
+# requests/s replayed open-loop by `hlem loadgen` (every request must be answered OK), `hlem
+# cluster down`, and no process of the cluster left running.
 # Usage: local_cluster_test.sh <build dir> <source dir>
 set -euo pipefail
 build=$1
@@ -13,6 +14,18 @@ cleanup() {
   rm -rf "$run"
 }
 trap cleanup EXIT
+
+# A node that cannot start (its config is missing): up fails and stops the shard it had started.
+if "$hlem" cluster up --run-dir "$run/bad" --nodes 1 --bin-dir "$build" \
+  --shards-config "$src/tests/e2e/shards.yaml" --node-config "$run/missing.yaml"; then
+  echo "cluster up succeeded without a node config" >&2
+  exit 1
+fi
+# (no pgrep on a minimal Debian: scan /proc; "ba[d]" keeps grep from matching itself)
+if grep -ls -- "$run/ba[d]/" /proc/[0-9]*/cmdline; then
+  echo "a process of the failed start is still running" >&2
+  exit 1
+fi
 
 "$hlem" cluster up --run-dir "$run" --nodes 2 --bin-dir "$build" \
   --shards-config "$src/tests/e2e/shards.yaml" --node-config "$src/tests/e2e/node.yaml"
