@@ -3,8 +3,9 @@
 // the `cpu` device's PCIe stand-in, and the simulator's model of the real link. Transfers are
 // served one at a time: critical ones first (FIFO among them), background ones only when no
 // critical transfer is waiting; a transfer on the link is never preempted. A transfer of n bytes
-// occupies the link for latency + n / bandwidth. Thread-safe; completion callbacks run outside
-// the lock, from the clock's timer thread (RealClock) or inside SimClock::Advance*.
+// occupies the link for latency + n / bandwidth, back to back on the link's own time line (a late
+// completion timer does not push the next transfer back). Thread-safe; completion callbacks run
+// outside the lock, from the clock's timer thread (RealClock) or inside SimClock::Advance*.
 
 #include <cstdint>
 #include <deque>
@@ -39,6 +40,7 @@ class EmulatedLink {
   struct Transfer {
     CopyClass cls;
     uint64_t bytes;
+    absl::Time submitted;
     std::function<void()> done;
   };
   EmulatedLink(const LinkOptions& options, Clock& clock) : options_(options), clock_(clock) {}
@@ -53,6 +55,7 @@ class EmulatedLink {
   bool busy_ ABSL_GUARDED_BY(mu_) = false;
   Transfer on_link_ ABSL_GUARDED_BY(mu_);
   uint64_t busy_ns_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time free_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // the last transfer's end
   TimerId timer_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 };

@@ -1,0 +1,183 @@
+#include "sim/twin/oracle.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace hlem::sim {
+namespace {
+
+double Round(double a, double step) { return std::round(a / step) * step; }
+
+// The candidates of [from, to] on a grid of `step`, clipped to [lo, hi].
+std::vector<double> Grid(double from, double to, double step, double lo, double hi) {
+  std::vector<double> out;
+  const double a = std::max(lo, from), b = std::min(hi, to);
+  for (int64_t i = static_cast<int64_t>(std::ceil(a / step - 1e-9));
+       static_cast<double>(i) * step <= b + 1e-9; ++i) {
+    out.push_back(Round(static_cast<double>(i) * step, 1e-6));
+  }
+  return out;
+}
+
+// Evaluates α in a forked child: returns the child's reward through a pipe.
+struct Child {
+  pid_t pid = -1;
+  int fd = -1;
+  double alpha = 0;
+};
+
+Child Fork(Twin& twin, double alpha, absl::Duration from, absl::Duration to,
+           const OracleOptions& o) {
+  int fds[2];
+  if (pipe(fds) != 0) return {};
+  std::fflush(nullptr);  // a child must not flush the parent's buffered output again
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(fds[0]);
+    close(fds[1]);
+    return {};
+  }
+  if (pid == 0) {
+    close(fds[0]);
+    double reward = std::nan("");
+    if (twin.SetAlpha(alpha).ok()) {
+      twin.RunUntil(to);
+      for (absl::Duration t = to; !twin.AnsweredBefore(to) && t < to + o.drain;) {
+        t += absl::Milliseconds(100);
+        twin.RunUntil(t);
+      }
+      if (twin.AnsweredBefore(to)) reward = WindowReward(twin.outcomes(), from, to, o.slo);
+    }
+    const ssize_t n = write(fds[1], &reward, sizeof reward);
+    _exit(n == sizeof reward ? 0 : 1);  // no destructors, no atexit: the parent owns everything
+  }
+  close(fds[1]);
+  return {pid, fds[0], alpha};
+}
+
+absl::StatusOr<double> Collect(const Child& c) {
+  double reward = std::nan("");
+  ssize_t n;
+  do {
+    n = read(c.fd, &reward, sizeof reward);
+  } while (n < 0 && errno == EINTR);
+  close(c.fd);
+  int status = 0;
+  waitpid(c.pid, &status, 0);
+  if (n != sizeof reward || !WIFEXITED(status) || WEXITSTATUS(status) != 0 || std::isnan(reward)) {
+    return absl::InternalError(absl::StrCat("the child evaluating alpha ", c.alpha, " failed"));
+  }
+  return reward;
+}
+
+}  // namespace
+
+double WindowReward(const std::vector<TwinOutcome>& outcomes, absl::Duration from,
+                    absl::Duration to, absl::Duration slo) {
+  const auto lo = static_cast<uint64_t>(absl::ToInt64Nanoseconds(from));
+  const auto hi = static_cast<uint64_t>(absl::ToInt64Nanoseconds(to));
+  const auto slo_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(slo));
+  std::vector<uint64_t> ok;
+  uint64_t requests = 0, satisfied = 0;
+  for (const TwinOutcome& o : outcomes) {
+    if (o.sent_ns < lo) continue;
+    if (o.sent_ns >= hi) break;
+    ++requests;
+    if (o.code != absl::StatusCode::kOk) continue;
+    ok.push_back(o.latency_ns);
+    satisfied += o.latency_ns <= slo_ns;
+  }
+  if (requests == 0) return 0;
+  double p99 = 0;
+  if (!ok.empty()) {
+    const size_t k =
+        std::min(ok.size() - 1, static_cast<size_t>(0.99 * static_cast<double>(ok.size())));
+    std::nth_element(ok.begin(), ok.begin() + static_cast<std::ptrdiff_t>(k), ok.end());
+    p99 = static_cast<double>(ok[k]);
+  }
+  const double slo_d = static_cast<double>(slo_ns);
+  return static_cast<double>(satisfied) / static_cast<double>(requests) -
+         std::max(0.0, p99 - slo_d) / slo_d;
+}
+
+absl::StatusOr<std::vector<WindowOracle>> WindowAlphaStar(
+    Twin& twin, const OracleOptions& o,
+    const std::function<double(uint64_t window, double alpha_star)>& follow) {
+  if (!(o.coarse_step > 0 && o.fine_step > 0 && o.finest_step > 0 && o.lo <= o.hi) ||
+      o.window <= absl::ZeroDuration() || o.parallel < 1) {
+    return absl::InvalidArgumentError("oracle: bad grid, window or parallelism");
+  }
+  std::vector<WindowOracle> out;
+  for (uint64_t w = 0; !twin.done(); ++w) {
+    const absl::Duration from = o.window * static_cast<int64_t>(w), to = from + o.window;
+    twin.RunUntil(from);
+    WindowOracle result{.window = w};
+    // Evaluates the candidates not evaluated yet, `parallel` children at a time.
+    auto evaluate = [&](const std::vector<double>& alphas) -> absl::Status {
+      std::vector<double> todo;
+      for (double a : alphas) {
+        const bool seen = std::any_of(result.curve.begin(), result.curve.end(),
+                                      [&](const auto& p) { return std::abs(p.first - a) < 1e-9; });
+        if (!seen) todo.push_back(a);
+      }
+      for (size_t i = 0; i < todo.size(); i += static_cast<size_t>(o.parallel)) {
+        std::vector<Child> children;
+        for (size_t j = i; j < std::min(todo.size(), i + static_cast<size_t>(o.parallel)); ++j) {
+          Child c = Fork(twin, todo[j], from, to, o);
+          if (c.pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+          children.push_back(c);
+        }
+        absl::Status first;
+        for (const Child& c : children) {
+          absl::StatusOr<double> r = Collect(c);
+          if (!r.ok() && first.ok()) first = r.status();
+          if (r.ok()) result.curve.push_back({c.alpha, *r});
+        }
+        if (!first.ok()) return first;
+      }
+      std::sort(result.curve.begin(), result.curve.end());
+      return absl::OkStatus();
+    };
+    auto best = [&] {
+      return *std::max_element(result.curve.begin(), result.curve.end(),
+                               [](const auto& a, const auto& b) { return a.second < b.second; });
+    };
+    if (absl::Status st = evaluate(Grid(o.lo, o.hi, o.coarse_step, o.lo, o.hi)); !st.ok())
+      return st;
+    int maxima = 0;
+    for (size_t i = 0; i < result.curve.size(); ++i) {
+      const double r = result.curve[i].second;
+      const bool left = i == 0 || r > result.curve[i - 1].second + 1e-12;
+      const bool right = i + 1 == result.curve.size() || r >= result.curve[i + 1].second - 1e-12;
+      // A plateau counts once: its left end.
+      maxima += left && right;
+    }
+    result.unimodal = maxima <= 1;
+    const double coarse_best = best().first;
+    absl::Status st = result.unimodal
+                          ? evaluate(Grid(coarse_best - o.coarse_step, coarse_best + o.coarse_step,
+                                          o.fine_step, o.lo, o.hi))
+                          : evaluate(Grid(o.lo, o.hi, o.fine_step, o.lo, o.hi));
+    if (!st.ok()) return st;
+    const double fine_best = best().first;
+    st =
+        evaluate(Grid(fine_best - o.fine_step, fine_best + o.fine_step, o.finest_step, o.lo, o.hi));
+    if (!st.ok()) return st;
+    std::tie(result.alpha_star, result.reward_star) = best();
+    result.alpha_followed = follow(w, result.alpha_star);
+    if (absl::Status set = twin.SetAlpha(result.alpha_followed); !set.ok()) return set;
+    out.push_back(std::move(result));
+    twin.RunUntil(to);
+  }
+  return out;
+}
+
+}  // namespace hlem::sim

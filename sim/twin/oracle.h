@@ -1,0 +1,60 @@
+#pragma once
+// The offline-optimal α*_t of every decision window (ARCHITECTURE §8): at the start of window t
+// the whole twin is forked (fork(2): a copy-on-write snapshot of the single-threaded simulation)
+// once per candidate α; each child pushes its α to every node (a metadata change as the
+// allocator's; the refill it starts and the KV it reclaims are part of its cost), runs to the end
+// of the window and until every request sent in it has its outcome, and reports the window's
+// reward; every child sees the same requests (the trace) and the same state (common random
+// numbers). α*_t is the best candidate. The parent then runs window t with the α `follow` names
+// (α*_t itself for the oracle trajectory, or a controller's) and goes on.
+//
+// Reward of a window (ARCHITECTURE §3): over the requests sent in it, the SLO-satisfied fraction
+// (OK within the SLO) − max(0, P99 − SLO) ÷ SLO (P99 of the OK answers); 0 for an empty window.
+//
+// Search: a coarse grid (coarse_step) over [lo, hi]; when that curve has one local maximum
+// (unimodal) the fine grid (fine_step) is evaluated only within one coarse step of its best, and
+// the finest (finest_step) within one fine step of the fine best; otherwise the whole fine grid is
+// evaluated. Every evaluated point is returned.
+
+#include <cstdint>
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "sim/twin/twin.h"
+
+namespace hlem::sim {
+
+struct OracleOptions {
+  absl::Duration window = absl::Seconds(5);
+  absl::Duration slo = absl::Milliseconds(25);
+  double lo = 0.0, hi = 1.0;
+  double coarse_step = 0.1, fine_step = 0.02, finest_step = 0.01;
+  int parallel = 2;  // children at once
+  // How long past a window's end a child waits for the window's last answers.
+  absl::Duration drain = absl::Seconds(10);
+};
+
+struct WindowOracle {
+  uint64_t window = 0;
+  double alpha_star = 0;
+  double reward_star = 0;  // at α*
+  double alpha_followed = 0;
+  bool unimodal = true;                          // the coarse curve had a single local maximum
+  std::vector<std::pair<double, double>> curve;  // (α, reward), ascending α
+};
+
+// Reward of the requests sent in [from, to) (outcomes of the twin's trace so far).
+double WindowReward(const std::vector<TwinOutcome>& outcomes, absl::Duration from,
+                    absl::Duration to, absl::Duration slo);
+
+// Runs a started twin (Twin::Start) window by window to the end of its trace. `follow(t, α*_t)`
+// names the α the parent applies in window t. Does not call Finish. INTERNAL when a child
+// fails.
+absl::StatusOr<std::vector<WindowOracle>> WindowAlphaStar(
+    Twin& twin, const OracleOptions& options,
+    const std::function<double(uint64_t window, double alpha_star)>& follow);
+
+}  // namespace hlem::sim

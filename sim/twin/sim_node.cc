@@ -1,0 +1,381 @@
+#include "sim/twin/sim_node.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "serving_node/core/pipeline.h"
+
+namespace hlem::sim {
+
+using serving::InferInput;
+using serving::InferOutput;
+
+struct SimExecutor::Job {
+  InferInput in;
+  serving::RequestQueue::Done done;
+  InferOutput out;
+  absl::Status error;
+  uint64_t prior = 0, total = 0, first = 0, cached = 0, fresh = 0, candidates = 0;
+  std::optional<serving::KvAppendResult> append;
+  bool pinned = false;
+  // Per table (feature order): distinct rows to fetch, and which of them to admit.
+  struct Table {
+    uint32_t table_id = 0;
+    std::vector<uint64_t> fetch, admit, reserved;
+  };
+  std::vector<Table> tables;
+  uint32_t copies_in_flight = 0;
+  bool fetches_done = false;
+};
+
+SimExecutor::SimExecutor(const SimNodeOptions& options, const CostModel& costs,
+                         SharedCompute& compute, const WorkloadGenerator& events,
+                         const Parts& parts, Clock& clock)
+    : options_(options),
+      costs_(costs),
+      compute_(compute),
+      generator_(events),
+      parts_(parts),
+      clock_(clock),
+      row_bytes_(options.model.dim * 4) {}
+
+SimExecutor::~SimExecutor() { *alive_ = false; }
+
+absl::Status SimExecutor::Check(const InferInput& in) const {
+  return serving::CheckInferInput(options_.local.pipeline, in);
+}
+
+uint64_t SimExecutor::WindowStart(uint64_t events) const {
+  return serving::WindowStart(options_.local.pipeline, events);
+}
+
+void SimExecutor::Submit(InferInput in, serving::RequestQueue::Done done) {
+  if (queue_.size() >= options_.local.queue.max_queue) {
+    done(absl::ResourceExhaustedError(
+        absl::StrCat("node queue full (", options_.local.queue.max_queue, " waiting)")));
+    return;
+  }
+  auto job = std::make_unique<Job>();
+  job->in = std::move(in);
+  job->done = std::move(done);
+  queue_.push_back(std::move(job));
+  MaybeStartBatch();
+}
+
+void SimExecutor::MaybeStartBatch() {
+  if (busy_ || queue_.empty()) return;
+  busy_ = true;
+  // Up to max_batch requests of distinct users, oldest first; a user's second request waits.
+  absl::flat_hash_set<uint64_t> users;
+  for (auto it = queue_.begin();
+       it != queue_.end() && batch_.size() < options_.local.queue.max_batch;) {
+    if (users.insert((*it)->in.user).second) {
+      batch_.push_back(std::move(*it));
+      it = queue_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  next_ = 0;
+  PrepareNext();
+}
+
+void SimExecutor::PrepareNext() {
+  if (next_ == batch_.size()) {
+    RunModel();
+    return;
+  }
+  Prepare(*batch_[next_]);
+}
+
+void SimExecutor::EventIds(const Job& job, uint64_t j, std::vector<uint64_t>* out) const {
+  const size_t F = features();
+  if (j >= job.prior) {
+    const auto at = job.in.history.begin() + static_cast<std::ptrdiff_t>((j - job.prior) * F);
+    out->insert(out->end(), at, at + static_cast<std::ptrdiff_t>(F));
+  } else {
+    generator_.AppendEventOf(job.in.user, j, out);
+  }
+}
+
+void SimExecutor::Prepare(Job& job) {
+  const size_t F = features();
+  const uint64_t user = job.in.user;
+  job.prior = job.in.delta.has_value() ? job.in.delta->len : 0;
+  job.total = job.prior + job.in.history.size() / F;
+  job.first = WindowStart(job.total);
+  job.candidates = job.in.candidates.size() / F;
+  const uint64_t window = job.total - job.first;
+
+  // 1. The cached prefix and the new tokens' slots.
+  parts_.kv->Pin(user);
+  job.pinned = true;
+  serving::KvPrefix prefix;
+  if (std::optional<serving::KvUserInfo> info = parts_.kv->Info(user);
+      info.has_value() && info->prefix.len > 0) {
+    auto it = kv_first_.find(user);
+    if (it != kv_first_.end() && it->second == job.first && info->prefix.len <= window) {
+      prefix = info->prefix;
+    } else {
+      parts_.kv->Evict(user);  // the real node's hash check fails on a moved window
+    }
+  }
+  std::optional<serving::KvLookupResult> lookup = parts_.kv->LookupPrefix(user, prefix, window);
+  if (!lookup.has_value()) prefix = {};
+  job.cached = prefix.len;
+  job.fresh = window - job.cached;
+  std::vector<uint64_t> ids, tokens;
+  ids.reserve((job.fresh + job.candidates) * F);
+  tokens.reserve(job.fresh);
+  for (uint64_t j = job.first + job.cached; j < job.total; ++j) {
+    const size_t at = ids.size();
+    EventIds(job, j, &ids);
+    tokens.push_back(serving::EventToken(std::span<const uint64_t>(ids).subspan(at, F)));
+  }
+  if (!tokens.empty()) {
+    absl::StatusOr<serving::KvAppendResult> append = parts_.kv->Append(user, prefix, tokens);
+    if (!append.ok()) {
+      job.error =
+          append.status().code() == absl::StatusCode::kResourceExhausted
+              ? absl::ResourceExhaustedError(absl::StrCat("no KV room for ", tokens.size(),
+                                                          " tokens: ", append.status().message()))
+              : absl::AbortedError(append.status().message());
+      Prepared(job);
+      return;
+    }
+    job.append = std::move(*append);
+  }
+  ids.insert(ids.end(), job.in.candidates.begin(), job.in.candidates.end());
+  job.out.cached_prefix_tokens = static_cast<uint32_t>(job.cached);
+  job.out.computed_tokens = static_cast<uint32_t>(job.fresh + job.candidates);
+  job.out.history_tokens = static_cast<uint32_t>(window);
+  job.out.trimmed_events = static_cast<uint32_t>(job.first);
+  job.out.stale_kv_hit = job.in.expected_kv_resident && job.cached == 0;
+  job.out.next_prefix = {.len = job.total, .hash = 0};
+  job.out.targets = options_.model.targets;
+
+  // 2. EMB lookups of the distinct rows, per table in feature order.
+  const auto& features = options_.local.pipeline.features;
+  uint64_t distinct = 0;
+  serving::EmbLookupResult result;
+  for (size_t f = 0; f < F; ++f) {
+    const uint32_t table = features[f].table_id;
+    if (std::any_of(job.tables.begin(), job.tables.end(),
+                    [&](const Job::Table& t) { return t.table_id == table; })) {
+      continue;  // a table shared by two features was looked up with the first
+    }
+    absl::flat_hash_set<uint64_t> seen;
+    std::vector<uint64_t> rows;
+    for (size_t g = f; g < F; ++g) {
+      if (features[g].table_id != table) continue;
+      for (size_t i = g; i < ids.size(); i += F) {
+        if (seen.insert(ids[i]).second) rows.push_back(ids[i]);
+      }
+    }
+    distinct += rows.size();
+    if (absl::Status st = parts_.emb->Lookup(table, rows, &result); !st.ok()) {
+      job.error = absl::InternalError(absl::StrCat("EMB lookup: ", st.message()));
+      break;
+    }
+    if (parts_.sketch != nullptr) parts_.sketch->RecordBatch(table, rows);
+    if (parts_.tracker != nullptr) parts_.tracker->Record(table, rows);
+    job.out.emb_hits += result.hits;
+    Job::Table t{.table_id = table};
+    size_t m = 0, p = 0;
+    while (m < result.miss_positions.size() || p < result.pending_positions.size()) {
+      const bool miss = p == result.pending_positions.size() ||
+                        (m < result.miss_positions.size() &&
+                         result.miss_positions[m] < result.pending_positions[p]);
+      const uint64_t row = rows[miss ? result.miss_positions[m++] : result.pending_positions[p++]];
+      t.fetch.push_back(row);
+      if (miss) t.admit.push_back(row);
+    }
+    job.out.emb_misses += t.fetch.size();
+    job.tables.push_back(std::move(t));
+  }
+  if (!job.error.ok()) {
+    Prepared(job);
+    return;
+  }
+  const absl::Duration cpu =
+      costs_.request_overhead + costs_.lookup_per_row * static_cast<int64_t>(distinct);
+  job.out.kv_seconds = costs_.request_overhead;
+  job.out.emb_seconds = cpu - costs_.request_overhead;
+  compute_.Run(cpu, [this, &job, alive = alive_] {
+    if (*alive) FetchFrom(job, 0);
+  });
+}
+
+void SimExecutor::FetchFrom(Job& job, size_t table) {
+  while (table < job.tables.size() && job.tables[table].fetch.empty()) ++table;
+  if (table == job.tables.size()) {
+    job.fetches_done = true;
+    if (job.copies_in_flight == 0) Prepared(job);
+    return;
+  }
+  const absl::Duration fetch = costs_.FetchTime(job.tables[table].fetch.size());
+  job.out.fetch_seconds += fetch;
+  job.out.emb_seconds += fetch;
+  clock_.ScheduleAfter(fetch, [this, &job, table, alive = alive_] {
+    if (!*alive) return;
+    // 3. Admit the misses: reserve slots, one critical copy per run of consecutive slots.
+    Job::Table& t = job.tables[table];
+    serving::EmbReservation reservation;
+    (void)parts_.emb->ReserveBatch(t.table_id, t.admit, &reservation);
+    std::vector<uint64_t> offsets;
+    for (uint32_t i : reservation.reserved_positions) {
+      t.reserved.push_back(t.admit[i]);
+      offsets.push_back(reservation.offsets[i]);
+    }
+    std::sort(offsets.begin(), offsets.end());
+    const uint64_t max_copy = options_.local.pipeline.max_copy_bytes;
+    for (size_t begin = 0, i = 1; i <= offsets.size(); ++i) {
+      if (i < offsets.size() && offsets[i] == offsets[i - 1] + row_bytes_ &&
+          (i - begin) * row_bytes_ < max_copy) {
+        continue;
+      }
+      ++job.copies_in_flight;
+      parts_.device->CopyToPool(serving::CopyClass::kCritical, serving::CopyPurpose::kEmbMiss,
+                                nullptr, offsets[begin], (i - begin) * row_bytes_,
+                                [this, &job, alive = alive_](absl::Status) {
+                                  if (*alive) CopyDone(job);
+                                });
+      begin = i;
+    }
+    FetchFrom(job, table + 1);
+  });
+}
+
+void SimExecutor::CopyDone(Job& job) {
+  --job.copies_in_flight;
+  if (job.copies_in_flight == 0 && job.fetches_done) Prepared(job);
+}
+
+void SimExecutor::Prepared(Job& job) {
+  for (const Job::Table& t : job.tables) {
+    if (!t.reserved.empty()) (void)parts_.emb->Commit(t.table_id, t.reserved);
+  }
+  ++next_;
+  PrepareNext();
+}
+
+void SimExecutor::RunModel() {
+  double flops = 0;
+  for (const auto& job : batch_) {
+    if (job->error.ok()) {
+      flops +=
+          serving::CachedForwardFlops(options_.model, job->cached, job->fresh, job->candidates);
+    }
+  }
+  const absl::Duration step = costs_.StepTime(flops);
+  for (auto& job : batch_) job->out.compute_seconds = step;
+  compute_.Run(step, [this, alive = alive_] {
+    if (*alive) FinishBatch();
+  });
+}
+
+void SimExecutor::FinishBatch() {
+  std::vector<std::unique_ptr<Job>> batch = std::move(batch_);
+  batch_.clear();
+  for (auto& job : batch) {
+    const uint64_t user = job->in.user;
+    if (job->append.has_value()) {
+      if (job->error.ok()) {
+        if (parts_.kv->CommitAppend(user, job->append->prefix).ok()) kv_first_[user] = job->first;
+      } else {
+        (void)parts_.kv->AbortAppend(user, job->append->prefix);
+      }
+    }
+    if (job->pinned) (void)parts_.kv->Unpin(user);
+  }
+  busy_ = false;
+  // Answers after the batch's state is final; a `done` may submit the next request.
+  for (auto& job : batch) {
+    if (job->error.ok()) {
+      job->done(std::move(job->out));
+    } else {
+      job->done(job->error);
+    }
+  }
+  MaybeStartBatch();
+}
+
+absl::StatusOr<std::unique_ptr<SimNode>> SimNode::Create(const SimNodeOptions& options,
+                                                         const CostModel& costs,
+                                                         SharedCompute& compute,
+                                                         const WorkloadGenerator& events,
+                                                         uint64_t epoch, Clock& clock) {
+  const serving::LocalNodeOptions& o = options.local;
+  auto n = std::make_unique<SimNode>();
+  serving::EmbCacheOptions emb_options{.residency_shard_rows = o.residency_shard_rows,
+                                       .policy = o.emb_policy};
+  emb_options.tables = o.tables;
+  absl::flat_hash_set<uint32_t> tables;
+  for (const serving::EmbTableSpec& t : o.tables) tables.insert(t.table_id);
+  for (const serving::FeatureSpec& f : o.pipeline.features) {
+    if (tables.insert(f.table_id).second) {
+      emb_options.tables.push_back({f.table_id, options.model.dim * 4});
+    }
+  }
+  ASSIGN_OR_RETURN(
+      n->pool, serving::HbmPool::Create({.pool_bytes = o.pool_bytes, .page_bytes = o.page_bytes}));
+  ASSIGN_OR_RETURN(n->device, SimDevice::Create(o.pool_bytes, o.link, clock));
+  n->events = std::make_unique<serving::ResidencyEventLog>(epoch, o.events_retained);
+  n->residency = serving::FollowResidency(*n->events);
+  ASSIGN_OR_RETURN(n->kv, serving::KvCache::Create({.layers = options.model.layers,
+                                                    .kv_dim = options.model.kv_dim(),
+                                                    .dtype_bytes = options.kv_dtype_bytes},
+                                                   *n->pool, n->events.get(), clock));
+  ASSIGN_OR_RETURN(n->emb, serving::EmbCache::Create(emb_options, *n->pool, clock));
+  ASSIGN_OR_RETURN(n->memory,
+                   serving::MemoryManager::Create(o.memory, *n->pool, *n->kv, *n->emb, clock));
+  ASSIGN_OR_RETURN(n->sketch,
+                   serving::PopularitySketch::Create({.capacity = o.popularity_capacity}));
+  if (o.refill_enabled) {
+    ASSIGN_OR_RETURN(n->refiller, serving::Refiller::Create(o.refill, *n->emb, *n->device,
+                                                            n->source, *n->sketch, clock));
+  }
+  ASSIGN_OR_RETURN(
+      n->tracker, serving::ResidencyTracker::Create({.residency_shard_rows = o.residency_shard_rows,
+                                                     .windows = o.node.hot_windows,
+                                                     .threshold = o.residency_threshold},
+                                                    *n->emb, n->events.get()));
+  n->executor = std::make_unique<SimExecutor>(options, costs, compute, events,
+                                              SimExecutor::Parts{.kv = n->kv.get(),
+                                                                 .emb = n->emb.get(),
+                                                                 .device = n->device.get(),
+                                                                 .sketch = n->sketch.get(),
+                                                                 .tracker = n->tracker.get()},
+                                              clock);
+  ASSIGN_OR_RETURN(n->node, serving::Node::Create(o.node,
+                                                  {.executor = n->executor.get(),
+                                                   .memory = n->memory.get(),
+                                                   .kv = n->kv.get(),
+                                                   .emb = n->emb.get(),
+                                                   .device = n->device.get(),
+                                                   .events = n->events.get(),
+                                                   .residency = n->residency.get(),
+                                                   .refiller = n->refiller.get(),
+                                                   .tracker = n->tracker.get(),
+                                                   .row_bytes = options.model.dim * 4,
+                                                   .link_bytes_per_second = o.link.bytes_per_second,
+                                                   .max_queue = o.queue.max_queue},
+                                                  clock));
+  return n;
+}
+
+void SimNode::Start() {
+  memory->Start();
+  node->Start();
+}
+
+SimNode::~SimNode() {
+  if (node != nullptr) node->Stop();
+  if (memory != nullptr) memory->Stop();
+  if (refiller != nullptr) refiller->Cancel();
+}
+
+}  // namespace hlem::sim

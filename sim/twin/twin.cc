@@ -1,0 +1,268 @@
+#include "sim/twin/twin.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/rng.h"
+#include "common/status_macros.h"
+
+namespace hlem::sim {
+
+struct Twin::Request {
+  TraceRequest trace;
+  TwinOutcome outcome;
+  std::vector<int> tried;
+};
+
+Twin::Twin(const TwinOptions& options)
+    : options_(options), clock_(absl::UnixEpoch()), start_(absl::UnixEpoch()) {}
+
+Twin::~Twin() {
+  // Nodes first (their timers and callbacks refer to the compute units and the router).
+  nodes_.clear();
+  router_.reset();
+  compute_.clear();
+}
+
+absl::StatusOr<std::unique_ptr<Twin>> Twin::Create(const TwinOptions& options,
+                                                   const WorkloadConfig& workload) {
+  if (options.nodes == 0) return absl::InvalidArgumentError("twin.nodes: must be >= 1");
+  if (!(options.alpha >= 0 && options.alpha <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("twin.alpha: ", options.alpha, " not in [0, 1]"));
+  }
+  if (options.feed_delay < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("twin.feed_delay: must be >= 0");
+  }
+  const auto& features = options.node.local.pipeline.features;
+  if (features.size() != workload.features.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the trace's events have ", workload.features.size(),
+                     " features, the node's model ", features.size()));
+  }
+  for (size_t f = 0; f < features.size(); ++f) {
+    if (workload.features[f].rows > features[f].rows) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "trace feature ", f, " (", workload.features[f].name, ") has ", workload.features[f].rows,
+          " rows, the node's table ", features[f].table_id, " only ", features[f].rows));
+    }
+  }
+  std::unique_ptr<Twin> twin(new Twin(options));
+  ASSIGN_OR_RETURN(twin->generator_, WorkloadGenerator::Create(workload));
+  RETURN_IF_ERROR(twin->Build());
+  return twin;
+}
+
+absl::Status Twin::Build() {
+  const CostModel& costs = options_.costs;
+  if (costs.compute_units == 0) {
+    for (uint32_t i = 0; i < options_.nodes; ++i) {
+      compute_.push_back(std::make_unique<SharedCompute>(clock_, 1.0));
+    }
+  } else {
+    compute_.push_back(std::make_unique<SharedCompute>(clock_, costs.compute_units));
+  }
+  router::ClusterOptions ro = options_.router;
+  ro.features.clear();
+  for (const serving::FeatureSpec& f : options_.node.local.pipeline.features) {
+    ro.features.push_back(
+        {.table_id = f.table_id, .residency_shard_rows = options_.node.local.residency_shard_rows});
+  }
+  ro.max_nodes = std::max(ro.max_nodes, options_.nodes);
+  ASSIGN_OR_RETURN(router_, router::Cluster::Create(ro, clock_));
+  for (uint32_t i = 0; i < options_.nodes; ++i) {
+    SimNodeOptions o = options_.node;
+    o.local.node.node_id = absl::StrCat("node-", i);
+    o.local.node.seed = options_.node.local.node.seed + i;
+    o.local.memory.initial_alpha = options_.alpha;
+    o.local.link.latency += costs.copy_overhead;  // what a transfer costs beyond the link
+    SharedCompute& compute = *compute_[compute_.size() == 1 ? 0 : i];
+    ASSIGN_OR_RETURN(std::unique_ptr<SimNode> node,
+                     SimNode::Create(o, costs, compute, *generator_, /*epoch=*/1, clock_));
+    ASSIGN_OR_RETURN(int index, router_->AddNode(o.local.node.node_id, o.local.node.node_id));
+    if (index != static_cast<int>(i)) {
+      return absl::InternalError(absl::StrCat("router index ", index, " for node ", i));
+    }
+    router_->Reset(index, node->node->Snapshot());
+    // The router's residency stream: every event, in order, feed_delay later.
+    node->events->Subscribe([this, index](const serving::ResidencyEvent& e) {
+      clock_.ScheduleAfter(options_.feed_delay, [this, index, e] {
+        if (router_ != nullptr) (void)router_->Apply(index, e);
+      });
+    });
+    nodes_.push_back(std::move(node));
+  }
+  return absl::OkStatus();
+}
+
+bool Twin::ScheduleNext() {
+  auto r = std::make_shared<Request>();
+  if (trace_done_ || !next_(&r->trace)) {
+    trace_done_ = true;
+    return false;
+  }
+  if (r->trace.t_ns < last_t_ns_) {
+    trace_error_ =
+        absl::InvalidArgumentError(absl::StrCat("trace request ", read_, " goes back in time (",
+                                                r->trace.t_ns, " ns < ", last_t_ns_, " ns)"));
+    trace_done_ = true;
+    return false;
+  }
+  last_t_ns_ = r->trace.t_ns;
+  const size_t F = options_.node.local.pipeline.features.size();
+  r->outcome = {.index = read_++,
+                .sent_ns = r->trace.t_ns,
+                .user = r->trace.user,
+                .candidates = static_cast<uint32_t>(r->trace.candidates.size() / F)};
+  outcomes_.emplace_back();
+  clock_.ScheduleAt(start_ + absl::Nanoseconds(static_cast<int64_t>(r->trace.t_ns)), [this, r] {
+    ScheduleNext();  // keeps one request read ahead
+    clock_.ScheduleAfter(options_.costs.router_overhead / 2, [this, r] { Dispatch(r, 0); });
+  });
+  return true;
+}
+
+void Twin::Dispatch(std::shared_ptr<Request> r, int attempt) {
+  const TraceRequest& t = r->trace;
+  const router::RouteResult route =
+      attempt == 0 ? router_->Route(t.user, t.new_events, /*delta=*/t.prior_events > 0, r->tried)
+                   : router_->Route(t.user, {}, true, r->tried);
+  const int n = route.decision.node;
+  if (n < 0) {
+    if (attempt == 0 || route.decision.reason == router::Reason::kShed) {
+      r->outcome.code = route.decision.reason == router::Reason::kShed
+                            ? absl::StatusCode::kResourceExhausted
+                            : absl::StatusCode::kUnavailable;
+      r->outcome.message = route.decision.reason == router::Reason::kShed
+                               ? "every serving node is above the load threshold"
+                               : "no live serving node";
+    }
+    clock_.ScheduleAfter(options_.costs.router_overhead / 2, [this, r] { Record(*r); });
+    return;
+  }
+  r->outcome.node = n;
+  r->outcome.h_kv = route.decision.h_kv;
+  r->outcome.h_emb = route.decision.h_emb;
+  serving::InferInput in{.user = t.user,
+                         .history = t.new_events,
+                         .candidates = t.candidates,
+                         .expected_kv_resident = route.decision.h_kv >= 1.0,
+                         .delta = serving::ClientPrefix{.len = t.prior_events, .hash = 0}};
+  const absl::Time received = clock_.Now();
+  nodes_[static_cast<size_t>(n)]->node->Infer(
+      std::move(in), [this, r, n, attempt, received](absl::StatusOr<serving::InferOutput> out) {
+        router_->Completed(n);
+        r->tried.push_back(n);
+        TwinOutcome& o = r->outcome;
+        o.node_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(clock_.Now() - received));
+        o.code = out.status().code();
+        o.message = std::string(out.status().message());
+        if (out.ok()) {
+          o.cached_prefix_tokens = out->cached_prefix_tokens;
+          o.computed_tokens = out->computed_tokens;
+          o.emb_hits = out->emb_hits;
+          o.emb_misses = out->emb_misses;
+          o.stale_kv_hit = out->stale_kv_hit;
+          if (out->stale_kv_hit) router_->Forget(n, r->trace.user);
+        } else if (attempt == 0 && (o.code == absl::StatusCode::kUnavailable ||
+                                    o.code == absl::StatusCode::kResourceExhausted)) {
+          Dispatch(r, 1);  // the router's one retry on another node
+          return;
+        }
+        clock_.ScheduleAfter(options_.costs.router_overhead / 2, [this, r] { Record(*r); });
+      });
+}
+
+void Twin::Record(const Request& r) {
+  TwinOutcome o = r.outcome;
+  o.latency_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(clock_.Now() - start_) -
+                                       static_cast<int64_t>(o.sent_ns));
+  // The router's span: from its receipt (a quarter of the overhead after the send) to its
+  // response (a quarter before the client has it).
+  const auto hops =
+      static_cast<uint64_t>(absl::ToInt64Nanoseconds(options_.costs.router_overhead / 2));
+  o.router_ns = o.latency_ns > hops ? o.latency_ns - hops : 0;
+  for (uint64_t v : {o.index, static_cast<uint64_t>(o.code), o.latency_ns,
+                     static_cast<uint64_t>(o.node + 1), uint64_t{o.cached_prefix_tokens}}) {
+    hash_ = Mix64(hash_ ^ v);
+  }
+  o.answered = true;
+  outcomes_[o.index] = std::move(o);
+  ++answered_;
+}
+
+absl::Status Twin::Start(std::function<bool(TraceRequest*)> next) {
+  if (started_) return absl::FailedPreconditionError("Twin::Start: call once");
+  started_ = true;
+  wall_start_ = std::chrono::steady_clock::now();
+  next_ = std::move(next);
+  for (auto& node : nodes_) node->Start();
+  ScheduleNext();
+  return absl::OkStatus();
+}
+
+void Twin::RunUntil(absl::Duration t) {
+  const absl::Time until = start_ + t;
+  while (clock_.NextTime() <= until) {
+    clock_.RunNext();
+    ++timers_;
+  }
+  if (clock_.Now() < until) clock_.AdvanceTo(until);
+}
+
+bool Twin::AnsweredBefore(absl::Duration t) const {
+  const auto limit = static_cast<uint64_t>(absl::ToInt64Nanoseconds(t));
+  if (!trace_done_ && last_t_ns_ < limit) return false;  // more requests may come before t
+  for (const TwinOutcome& o : outcomes_) {
+    if (o.sent_ns >= limit) break;
+    if (!o.answered) return false;
+  }
+  return true;
+}
+
+absl::Status Twin::SetAlpha(double alpha) {
+  for (size_t i = 0; i < nodes_.size(); ++i) RETURN_IF_ERROR(SetAlpha(i, alpha));
+  return absl::OkStatus();
+}
+
+absl::Status Twin::SetAlpha(size_t node, double alpha) {
+  if (node >= nodes_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("node ", node, " of ", nodes_.size()));
+  }
+  return nodes_[node]->node->SetAlpha(alpha, /*allocator_epoch=*/1, ++decision_).status();
+}
+
+absl::Status Twin::Finish() {
+  if (!started_ || finished_)
+    return absl::FailedPreconditionError("Twin::Finish: after Start, once");
+  finished_ = true;
+  while (!done() && clock_.RunNext()) ++timers_;
+  for (auto& node : nodes_) {
+    const serving::KvCacheStats kv = node->kv->Stats();
+    const serving::EmbCacheStats emb = node->emb->GetStats();
+    for (uint64_t v :
+         {kv.lookups, kv.tokens_reused, kv.evictions_lru, emb.hits, emb.misses, emb.evictions}) {
+      hash_ = Mix64(hash_ ^ v);
+    }
+  }
+  stats_ = {
+      .requests = read_,
+      .timers_run = timers_,
+      .simulated = clock_.Now() - start_,
+      .wall_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start_).count(),
+      .log_hash = hash_};
+  if (!trace_error_.ok()) return trace_error_;
+  if (answered_ != read_) {
+    return absl::InternalError(
+        absl::StrCat(read_ - answered_, " requests never got an outcome (simulation stalled)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Twin::Run(std::function<bool(TraceRequest*)> next) {
+  RETURN_IF_ERROR(Start(std::move(next)));
+  return Finish();
+}
+
+}  // namespace hlem::sim

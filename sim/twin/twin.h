@@ -1,0 +1,132 @@
+#pragma once
+// The digital twin (ARCHITECTURE §8; issue 6): a cluster of simulated serving nodes (SimNode: the
+// real caches, memory manager and serving::Node) behind the real router core (router::Cluster),
+// replaying a workload trace on a SimClock. Single-threaded and deterministic: one event heap
+// (SimClock's timers: integer nanoseconds, ties in scheduling order), no threads, no wall-clock
+// reads; randomness is keyed (the trace's own, the router's seeded tie-breaks), so two runs that
+// differ only in α see the same requests.
+//
+// A request: sent at its trace time; the router decides after half the router overhead (the
+// client → router hop and the decision) and hands it to the chosen node in delta form (the new
+// events and the count before them; the router extends the user's cached shard profile with
+// them); the node answers; the client has the answer half the router overhead later. Residency
+// events reach the router `feed_delay` after the node publishes them (in order, as the
+// router's stream delivers them). Every request gets exactly one outcome.
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "router/core/cluster.h"
+#include "sim/twin/cost_model.h"
+#include "sim/twin/shared_compute.h"
+#include "sim/twin/sim_node.h"
+#include "sim/workload/workload.h"
+
+namespace hlem::sim {
+
+struct TwinOptions {
+  SimNodeOptions node;  // every node's (node.local.node.node_id is replaced by node-<i>)
+  uint32_t nodes = 4;
+  CostModel costs;
+  router::ClusterOptions router;  // policy, weights; the features are set from the node's
+  absl::Duration feed_delay = absl::Milliseconds(1);
+  double alpha = 0.5;  // every node's α at the start (a static α unless changed later)
+};
+
+// One request's outcome.
+struct TwinOutcome {
+  uint64_t index = 0;    // in the trace
+  uint64_t sent_ns = 0;  // trace time
+  uint64_t latency_ns = 0;
+  uint64_t router_ns = 0;  // router receipt to response (latency - the client's hops)
+  uint64_t node_ns = 0;    // node receipt to answer
+  absl::StatusCode code = absl::StatusCode::kUnknown;
+  std::string message;
+  uint64_t user = 0;
+  int node = -1;
+  double h_kv = 0, h_emb = 0;
+  uint32_t candidates = 0, cached_prefix_tokens = 0, computed_tokens = 0;
+  uint64_t emb_hits = 0, emb_misses = 0;
+  bool stale_kv_hit = false;
+  bool answered = false;  // the outcome is final
+};
+
+struct TwinStats {
+  uint64_t requests = 0;
+  uint64_t timers_run = 0;  // simulation events
+  absl::Duration simulated;
+  double wall_seconds = 0;
+  uint64_t log_hash = 0;  // of every outcome in completion order and the nodes' final counters
+};
+
+class Twin {
+ public:
+  // `workload` is the trace's generator config (the trace header's): the twin regenerates old
+  // events from it. Errors name the option.
+  static absl::StatusOr<std::unique_ptr<Twin>> Create(const TwinOptions& options,
+                                                      const WorkloadConfig& workload);
+  ~Twin();
+
+  // Replays the requests `next` yields (in time order) until each has its outcome: Start, then
+  // Finish. Call once. INVALID_ARGUMENT when the trace goes back in time.
+  absl::Status Run(std::function<bool(TraceRequest*)> next);
+
+  // Step by step (the allocator's loop, the oracle's forks): Start once, RunUntil any number of
+  // times with growing t, SetAlpha between them, Finish once.
+  absl::Status Start(std::function<bool(TraceRequest*)> next);
+  // Runs every event due up to `t` after the start; Now() is then start + t.
+  void RunUntil(absl::Duration t);
+  // Runs until every request has its outcome, then closes the books (stats()).
+  absl::Status Finish();
+  // True when the trace is read to its end and every request has its outcome.
+  bool done() const { return trace_done_ && answered_ == read_; }
+  // True when every request sent before `t` after the start has its outcome.
+  bool AnsweredBefore(absl::Duration t) const;
+  absl::Duration elapsed() { return clock_.Now() - start_; }
+  // Pushes α to every node (or one), as the allocator does: a fresh decision id each time.
+  absl::Status SetAlpha(double alpha);
+  absl::Status SetAlpha(size_t node, double alpha);
+
+  // Outcomes by trace index.
+  const std::vector<TwinOutcome>& outcomes() const { return outcomes_; }
+  const TwinStats& stats() const { return stats_; }
+  SimNode& node(size_t i) { return *nodes_[i]; }
+  size_t num_nodes() const { return nodes_.size(); }
+  router::Cluster& router() { return *router_; }
+  SimClock& clock() { return clock_; }
+
+ private:
+  struct Request;
+  explicit Twin(const TwinOptions& options);
+  absl::Status Build();
+  // Reads the next request and schedules its arrival; false at the end of the trace.
+  bool ScheduleNext();
+  // Routes (attempt 0, or the router's one retry on UNAVAILABLE / RESOURCE_EXHAUSTED elsewhere).
+  void Dispatch(std::shared_ptr<Request> r, int attempt);
+  void Record(const Request& r);
+
+  const TwinOptions options_;
+  SimClock clock_;
+  std::unique_ptr<WorkloadGenerator> generator_;
+  std::vector<std::unique_ptr<SharedCompute>> compute_;  // one shared, or one per node
+  std::vector<std::unique_ptr<SimNode>> nodes_;
+  std::unique_ptr<router::Cluster> router_;
+  std::vector<TwinOutcome> outcomes_;
+  std::function<bool(TraceRequest*)> next_;
+  bool started_ = false, finished_ = false, trace_done_ = false;
+  uint64_t read_ = 0, answered_ = 0, last_t_ns_ = 0, timers_ = 0, decision_ = 0;
+  std::chrono::steady_clock::time_point wall_start_;
+  absl::Status trace_error_;
+  TwinStats stats_;
+  uint64_t hash_ = 0x7477696e6c6f6731ULL;  // "twinlog1"
+  absl::Time start_;
+};
+
+}  // namespace hlem::sim

@@ -1,0 +1,205 @@
+#include "sim/twin/twin.h"
+
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "sim/twin/oracle.h"
+#include "sim/twin/shared_compute.h"
+#include "sim/twin/sim_device.h"
+#include "sim/twin/twin_testing.h"
+#include "sim/workload/workload_testing.h"
+
+namespace hlem::sim {
+namespace {
+
+std::vector<TraceRequest> Generate(const WorkloadConfig& config) {
+  auto generator = WorkloadGenerator::Create(config);
+  EXPECT_TRUE(generator.ok()) << generator.status();
+  std::vector<TraceRequest> out;
+  TraceRequest r;
+  while ((*generator)->Next(&r)) out.push_back(r);
+  return out;
+}
+
+std::unique_ptr<Twin> RunTwin(const TwinOptions& options, const WorkloadConfig& workload,
+                              const std::vector<TraceRequest>& trace) {
+  auto twin = Twin::Create(options, workload);
+  EXPECT_TRUE(twin.ok()) << twin.status();
+  size_t i = 0;
+  const absl::Status st = (*twin)->Run([&](TraceRequest* r) {
+    if (i == trace.size()) return false;
+    *r = trace[i++];
+    return true;
+  });
+  EXPECT_TRUE(st.ok()) << st;
+  return std::move(*twin);
+}
+
+TEST(SharedComputeTest, ProcessorSharing) {
+  SimClock clock;
+  const absl::Time t0 = clock.Now();
+  SharedCompute one(clock, 1);
+  std::vector<absl::Duration> done;
+  one.Run(absl::Milliseconds(10), [&] { done.push_back(clock.Now() - t0); });
+  one.Run(absl::Milliseconds(10), [&] { done.push_back(clock.Now() - t0); });
+  clock.AdvanceBy(absl::Seconds(1));
+  // Two equal jobs share one unit: both finish at 20 ms, in submission order.
+  ASSERT_EQ(done.size(), 2u);
+  EXPECT_EQ(done[0], absl::Milliseconds(20));
+  EXPECT_EQ(done[1], absl::Milliseconds(20));
+
+  // Two units: each runs at full speed; a third job slows all three to 2/3.
+  SharedCompute two(clock, 2);
+  const absl::Time t1 = clock.Now();
+  done.clear();
+  two.Run(absl::Milliseconds(10), [&] { done.push_back(clock.Now() - t1); });
+  two.Run(absl::Milliseconds(10), [&] { done.push_back(clock.Now() - t1); });
+  clock.AdvanceBy(absl::Milliseconds(4));
+  two.Run(absl::Milliseconds(1), [&] { done.push_back(clock.Now() - t1); });
+  clock.AdvanceBy(absl::Seconds(1));
+  ASSERT_EQ(done.size(), 3u);
+  EXPECT_EQ(done[0], absl::Microseconds(5500));   // the third: 4 ms + 1 ms of work at 2/3
+  EXPECT_EQ(done[1], absl::Microseconds(10500));  // 1 ms at 2/3 (5.5 ms), then 5 ms alone
+  EXPECT_EQ(done[2], absl::Microseconds(10500));
+  EXPECT_NEAR(absl::ToDoubleMilliseconds(two.busy()), 21, 1e-6);
+}
+
+TEST(SimDeviceTest, CriticalCopiesGoFirst) {
+  SimClock clock;
+  const absl::Time t0 = clock.Now();
+  auto device =
+      SimDevice::Create(1 << 20, {.bytes_per_second = 1e6, .latency = absl::ZeroDuration()}, clock);
+  ASSERT_TRUE(device.ok());
+  std::vector<std::pair<int, absl::Duration>> done;
+  auto copy = [&](serving::CopyClass cls, int tag) {
+    (*device)->CopyToPool(cls, serving::CopyPurpose::kEmbMiss, nullptr, 0, 1000,
+                          [&, tag](absl::Status st) {
+                            EXPECT_TRUE(st.ok());
+                            done.push_back({tag, clock.Now() - t0});
+                          });
+  };
+  copy(serving::CopyClass::kBackground, 1);  // on the link at once
+  copy(serving::CopyClass::kBackground, 2);
+  copy(serving::CopyClass::kCritical, 3);  // overtakes the waiting background copy
+  EXPECT_TRUE((*device)->critical_pending());
+  clock.AdvanceBy(absl::Seconds(1));
+  ASSERT_EQ(done.size(), 3u);
+  EXPECT_EQ(done[0], (std::pair<int, absl::Duration>{1, absl::Milliseconds(1)}));
+  EXPECT_EQ(done[1], (std::pair<int, absl::Duration>{3, absl::Milliseconds(2)}));
+  EXPECT_EQ(done[2], (std::pair<int, absl::Duration>{2, absl::Milliseconds(3)}));
+  EXPECT_EQ((*device)->stats().link_busy_ns, 3'000'000u);
+  // Out of the pool: an error, no copy.
+  absl::Status bad;
+  (*device)->CopyToPool(serving::CopyClass::kCritical, serving::CopyPurpose::kEmbMiss, nullptr,
+                        (1 << 20) - 10, 100, [&](absl::Status st) { bad = st; });
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(TwinTest, RegeneratedEventsAreTheTraceEvents) {
+  const WorkloadConfig config = testing::TinyWorkload();
+  auto generator = WorkloadGenerator::Create(config);
+  ASSERT_TRUE(generator.ok());
+  const size_t F = config.features.size();
+  size_t checked = 0;
+  for (const TraceRequest& r : Generate(config)) {
+    std::vector<uint64_t> ids;
+    for (uint64_t j = 0; j < r.new_events.size() / F; ++j) {
+      (*generator)->AppendEventOf(r.user, r.prior_events + j, &ids);
+    }
+    ASSERT_EQ(ids, r.new_events) << "user " << r.user;
+    ++checked;
+  }
+  EXPECT_GT(checked, 400u);
+}
+
+TEST(TwinTest, EveryRequestIsAnsweredAndReturningUsersReuseTheirKv) {
+  const WorkloadConfig workload = testing::TinyWorkload();
+  const std::vector<TraceRequest> trace = Generate(workload);
+  std::unique_ptr<Twin> twin = RunTwin(testing::TinyTwin(workload), workload, trace);
+  ASSERT_EQ(twin->outcomes().size(), trace.size());
+  uint64_t ok = 0, reused = 0, returning = 0;
+  for (const TwinOutcome& o : twin->outcomes()) {
+    ok += o.code == absl::StatusCode::kOk;
+    EXPECT_GE(o.node, 0);
+    EXPECT_GT(o.latency_ns, 0u);
+    if (trace[o.index].prior_events > 0) {
+      ++returning;
+      reused += o.cached_prefix_tokens > 0;
+    }
+  }
+  EXPECT_EQ(ok, trace.size());
+  ASSERT_GT(returning, 50u);
+  EXPECT_GT(reused, returning / 4) << "returning users should find their K/V";
+  // The nodes saw every request and their memory is consistent.
+  uint64_t lookups = 0;
+  for (size_t n = 0; n < twin->num_nodes(); ++n) {
+    lookups += twin->node(n).kv->Stats().lookups;
+    EXPECT_TRUE(twin->node(n).pool->CheckInvariants().ok());
+    EXPECT_TRUE(twin->node(n).kv->CheckInvariants().ok());
+    EXPECT_TRUE(twin->node(n).emb->CheckInvariants().ok());
+  }
+  EXPECT_EQ(lookups, trace.size());
+  EXPECT_GT(twin->stats().simulated, absl::Seconds(4));
+}
+
+TEST(TwinTest, SameSeedSameLogHashOtherAlphaOtherResult) {
+  const WorkloadConfig workload = testing::TinyWorkload();
+  const std::vector<TraceRequest> trace = Generate(workload);
+  TwinOptions options = testing::TinyTwin(workload);
+  const uint64_t a = RunTwin(options, workload, trace)->stats().log_hash;
+  const uint64_t b = RunTwin(options, workload, trace)->stats().log_hash;
+  EXPECT_EQ(a, b);
+  options.alpha = 0.9;
+  const uint64_t c = RunTwin(options, workload, trace)->stats().log_hash;
+  EXPECT_NE(a, c);
+}
+
+TEST(OracleTest, AlphaStarIsTheBestForkAndTheParentReproducesIt) {
+  const WorkloadConfig workload = testing::TinyWorkload();
+  const std::vector<TraceRequest> trace = Generate(workload);
+  auto twin = Twin::Create(testing::TinyTwin(workload), workload);
+  ASSERT_TRUE(twin.ok());
+  size_t i = 0;
+  ASSERT_TRUE((*twin)
+                  ->Start([&](TraceRequest* r) {
+                    if (i == trace.size()) return false;
+                    *r = trace[i++];
+                    return true;
+                  })
+                  .ok());
+  const OracleOptions o{.window = absl::Seconds(1),
+                        .slo = absl::Milliseconds(25),
+                        .coarse_step = 0.25,
+                        .fine_step = 0.125,
+                        .finest_step = 0.125};
+  auto windows = WindowAlphaStar(**twin, o, [](uint64_t, double star) { return star; });
+  ASSERT_TRUE(windows.ok()) << windows.status();
+  ASSERT_TRUE((*twin)->Finish().ok());
+  ASSERT_GE(windows->size(), 5u);
+  for (const WindowOracle& w : *windows) {
+    ASSERT_GE(w.curve.size(), 5u);  // the coarse grid 0, 0.25, ..., 1
+    for (const auto& [alpha, reward] : w.curve) {
+      EXPECT_GE(w.reward_star, reward) << "window " << w.window << " alpha " << alpha;
+    }
+    EXPECT_EQ(w.alpha_followed, w.alpha_star);
+    // The parent ran the window at alpha*: the same requests, the same state, the same reward as
+    // the child that evaluated alpha* (a snapshot is exact).
+    const absl::Duration from = o.window * static_cast<int64_t>(w.window);
+    EXPECT_DOUBLE_EQ(WindowReward((*twin)->outcomes(), from, from + o.window, o.slo), w.reward_star)
+        << "window " << w.window;
+  }
+}
+
+TEST(TwinTest, BadOptionsNameTheField) {
+  const WorkloadConfig workload = testing::TinyWorkload();
+  TwinOptions options = testing::TinyTwin(workload);
+  options.nodes = 0;
+  EXPECT_NE(Twin::Create(options, workload).status().message().find("twin.nodes"),
+            std::string::npos);
+  options = testing::TinyTwin(workload);
+  options.node.local.pipeline.features.pop_back();
+  EXPECT_EQ(Twin::Create(options, workload).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace hlem::sim
