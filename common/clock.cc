@@ -143,4 +143,9 @@ size_t SimClock::pending() const {
   return timers_.size();
 }
 
+absl::Time SimClock::NextTime() {
+  absl::MutexLock lock(&mu_);
+  return timers_.NextTime();
+}
+
 }  // namespace hlem

@@ -104,6 +104,8 @@ class SimClock final : public Clock {
   // Jumps to the next timer and runs it; false when no timer is pending.
   bool RunNext();
   size_t pending() const;
+  // When the next pending timer is due; InfiniteFuture when none is.
+  absl::Time NextTime();
 
  private:
   mutable absl::Mutex mu_;

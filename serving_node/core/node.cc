@@ -49,9 +49,10 @@ struct Node::Accumulator {
 
 absl::StatusOr<std::unique_ptr<Node>> Node::Create(const NodeOptions& options,
                                                    const NodeParts& parts, Clock& clock) {
-  if (parts.pipeline == nullptr || parts.queue == nullptr || parts.memory == nullptr ||
-      parts.kv == nullptr || parts.emb == nullptr || parts.device == nullptr ||
-      parts.events == nullptr || parts.residency == nullptr) {
+  const bool runs =
+      parts.executor != nullptr || (parts.pipeline != nullptr && parts.queue != nullptr);
+  if (!runs || parts.memory == nullptr || parts.kv == nullptr || parts.emb == nullptr ||
+      parts.device == nullptr || parts.events == nullptr || parts.residency == nullptr) {
     return absl::InvalidArgumentError("node: a required part is missing");
   }
   if (parts.row_bytes == 0) return absl::InvalidArgumentError("node: row_bytes is 0");
@@ -82,6 +83,10 @@ absl::StatusOr<std::unique_ptr<Node>> Node::Create(const NodeOptions& options,
 Node::Node(const NodeOptions& options, const NodeParts& parts, Clock& clock)
     : options_(options),
       parts_(parts),
+      owned_executor_(parts.executor != nullptr
+                          ? nullptr
+                          : std::make_unique<QueuedPipeline>(*parts.pipeline, *parts.queue)),
+      executor_(parts.executor != nullptr ? parts.executor : owned_executor_.get()),
       clock_(clock),
       rng_(options.seed),
       memory_windows_(options.keep_windows) {
@@ -170,11 +175,11 @@ void Node::Infer(InferInput in, Done done) {
     Answer(user, expected, 0, received, false, absl::UnavailableError("node is draining"), done);
     return;
   }
-  if (absl::Status st = parts_.pipeline->Check(in); !st.ok()) {
+  if (absl::Status st = executor_->Check(in); !st.ok()) {
     Answer(user, expected, 0, received, false, st, done);
     return;
   }
-  const size_t F = parts_.pipeline->options().features.size();
+  const size_t F = executor_->features();
   const uint64_t tokens = (in.history.size() + in.candidates.size()) / F;
   uint64_t busy = 0;  // tokens in flight when the request is shed; 0 when admitted
   {
@@ -197,8 +202,8 @@ void Node::Infer(InferInput in, Done done) {
   MaybeReportLoad();
   // The requests queued before this one must not evict the K/V it is about to reuse.
   parts_.kv->Touch(user);
-  parts_.queue->Submit(std::move(in), [this, user, expected, tokens, received,
-                                       done = std::move(done)](absl::StatusOr<InferOutput> r) {
+  executor_->Submit(std::move(in), [this, user, expected, tokens, received,
+                                    done = std::move(done)](absl::StatusOr<InferOutput> r) {
     Answer(user, expected, tokens, received, true, std::move(r), done);
   });
 }
@@ -279,7 +284,7 @@ double Node::LoadLocked(uint64_t queue_depth) const {
 }
 
 void Node::MaybeReportLoad() {
-  const uint64_t depth = parts_.queue->stats().depth;
+  const uint64_t depth = executor_->queue_depth();
   {
     absl::MutexLock lock(&mu_);
     const double load = LoadLocked(depth);
@@ -289,7 +294,7 @@ void Node::MaybeReportLoad() {
 }
 
 void Node::ReportLoad() {
-  const uint64_t depth = parts_.queue->stats().depth;
+  const uint64_t depth = executor_->queue_depth();
   const double alpha = parts_.memory->State().effective_alpha;
   ResidencyEvent event;
   event.kind = ResidencyEvent::Kind::kLoadReport;
@@ -388,7 +393,7 @@ NodeWindow Node::CloseWindow() {
       absl::erase_if(last_served_, [oldest](const auto& e) { return e.second < oldest; });
     }
   }
-  const uint32_t max_history = parts_.pipeline->options().max_history;
+  const uint32_t max_history = executor_->max_history();
   w.start = a->start;
   w.duration = now - a->start;
   w.requests = a->requests;
@@ -439,7 +444,7 @@ std::vector<NodeWindow> Node::Windows(size_t max) const {
 
 NodeGaugesNow Node::Gauges() const {
   NodeGaugesNow g;
-  const uint64_t depth = parts_.queue->stats().depth;
+  const uint64_t depth = executor_->queue_depth();
   const MemoryState m = parts_.memory->State();
   const uint64_t page_bytes = m.pages == 0 ? 0 : parts_.device->pool_bytes() / m.pages;
   g.queue_depth = static_cast<uint32_t>(depth);

@@ -72,11 +72,44 @@ struct NodeOptions {
   absl::Duration refill_check_interval = absl::Milliseconds(20);
 };
 
+// What runs the requests the node admitted: in the services the RequestQueue in front of the
+// Pipeline (QueuedPipeline below); in the simulator a cost-model executor on the simulated clock
+// (sim/twin/sim_node.h), so the node's admission, windows, load reports and α handling are the
+// same code in both.
+class InferExecutor {
+ public:
+  virtual ~InferExecutor() = default;
+  // The checks made before admission (the pipeline's: candidates, feature ids, ranges).
+  virtual absl::Status Check(const InferInput& in) const = 0;
+  // Runs an admitted request; `done` runs exactly once with its outcome.
+  virtual void Submit(InferInput in, RequestQueue::Done done) = 0;
+  virtual uint64_t queue_depth() const = 0;  // waiting, not yet running
+  virtual size_t features() const = 0;       // feature ids per event
+  virtual uint32_t max_history() const = 0;  // events in the window
+};
+
+class QueuedPipeline final : public InferExecutor {
+ public:
+  QueuedPipeline(Pipeline& pipeline, RequestQueue& queue) : pipeline_(pipeline), queue_(queue) {}
+  absl::Status Check(const InferInput& in) const override { return pipeline_.Check(in); }
+  void Submit(InferInput in, RequestQueue::Done done) override {
+    queue_.Submit(std::move(in), std::move(done));
+  }
+  uint64_t queue_depth() const override { return queue_.stats().depth; }
+  size_t features() const override { return pipeline_.options().features.size(); }
+  uint32_t max_history() const override { return pipeline_.options().max_history; }
+
+ private:
+  Pipeline& pipeline_;
+  RequestQueue& queue_;
+};
+
 // What the node is made of; all borrowed, all must outlive the node. `refiller` and `tracker` may
-// be null.
+// be null. Requests run through `executor`, or when it is null through `queue` and `pipeline`.
 struct NodeParts {
   Pipeline* pipeline = nullptr;
   RequestQueue* queue = nullptr;
+  InferExecutor* executor = nullptr;
   MemoryManager* memory = nullptr;
   KvCache* kv = nullptr;
   EmbCache* emb = nullptr;
@@ -229,6 +262,8 @@ class Node {
 
   const NodeOptions options_;
   const NodeParts parts_;
+  std::unique_ptr<InferExecutor> owned_executor_;  // QueuedPipeline when parts_.executor is null
+  InferExecutor* const executor_;
   Clock& clock_;
   std::function<void(const NodeAnswer&)> observer_;
 

@@ -88,25 +88,34 @@ Pipeline::Pipeline(const PipelineOptions& options, KvCache& kv, EmbCache& emb, D
       dim_(model.dim()),
       row_bytes_(model.dim() * sizeof(float)) {}
 
-absl::Status Pipeline::Check(const InferInput& in) const {
-  const size_t F = options_.features.size();
+absl::Status Pipeline::Check(const InferInput& in) const { return CheckInferInput(options_, in); }
+
+uint64_t WindowStart(const PipelineOptions& options, uint64_t events) {
+  if (events <= options.max_history) return 0;
+  const uint64_t step =
+      std::max<uint64_t>(1, static_cast<uint64_t>(options.trim_fraction * options.max_history));
+  return (events - options.max_history + step - 1) / step * step;
+}
+
+absl::Status CheckInferInput(const PipelineOptions& options, const InferInput& in) {
+  const size_t F = options.features.size();
   if (in.candidates.empty()) return absl::InvalidArgumentError("candidates: none");
   if (in.candidates.size() % F != 0 || in.history.size() % F != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("feature ids: every event and candidate needs exactly ", F, " ids"));
   }
-  if (in.history.size() / F > options_.max_request_events) {
+  if (in.history.size() / F > options.max_request_events) {
     return absl::InvalidArgumentError(absl::StrCat("history: ", in.history.size() / F,
                                                    " events exceeds the limit ",
-                                                   options_.max_request_events));
+                                                   options.max_request_events));
   }
-  if (in.candidates.size() / F > options_.max_candidates) {
+  if (in.candidates.size() / F > options.max_candidates) {
     return absl::InvalidArgumentError(absl::StrCat("candidates: ", in.candidates.size() / F,
-                                                   " exceeds the limit ", options_.max_candidates));
+                                                   " exceeds the limit ", options.max_candidates));
   }
   for (const std::vector<uint64_t>* ids : {&in.history, &in.candidates}) {
     for (size_t i = 0; i < ids->size(); ++i) {
-      const FeatureSpec& spec = options_.features[i % F];
+      const FeatureSpec& spec = options.features[i % F];
       if ((*ids)[i] >= spec.rows) {
         return absl::OutOfRangeError(absl::StrCat(
             ids == &in.history ? "history event " : "candidate ", i / F, " feature ", i % F,
@@ -318,10 +327,7 @@ struct Pipeline::Prepared {
 };
 
 uint64_t Pipeline::WindowStart(uint64_t events) const {
-  if (events <= options_.max_history) return 0;
-  const uint64_t step =
-      std::max<uint64_t>(1, static_cast<uint64_t>(options_.trim_fraction * options_.max_history));
-  return (events - options_.max_history + step - 1) / step * step;
+  return serving::WindowStart(options_, events);
 }
 
 void Pipeline::RememberClient(uint64_t user, const ClientState& state) {

@@ -180,4 +180,9 @@ class Pipeline {
 // The KV identity of one event: a hash of its feature ids (what the rolling prefix hash chains).
 uint64_t EventToken(std::span<const uint64_t> feature_ids);
 
+// Pipeline::Check's checks for these options (the simulator's executor makes them too).
+absl::Status CheckInferInput(const PipelineOptions& options, const InferInput& in);
+// Pipeline::WindowStart for these options.
+uint64_t WindowStart(const PipelineOptions& options, uint64_t events);
+
 }  // namespace hlem::serving

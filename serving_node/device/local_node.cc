@@ -15,18 +15,21 @@ absl::StatusOr<std::unique_ptr<LocalNode>> LocalNode::Build(const LocalNodeOptio
   return node;
 }
 
-absl::Status LocalNode::Assemble(const LocalNodeOptions& options, RowSource& source,
-                                 ModelRunner& runner, uint64_t epoch, Clock& clock) {
-  EmbCacheOptions emb_options{.residency_shard_rows = options.residency_shard_rows,
-                              .policy = options.emb_policy};
-  emb_options.tables = options.tables;
+EmbCacheOptions EmbCacheOptionsFor(const LocalNodeOptions& options, uint32_t row_bytes) {
+  EmbCacheOptions emb{.residency_shard_rows = options.residency_shard_rows,
+                      .policy = options.emb_policy};
+  emb.tables = options.tables;
   absl::flat_hash_set<uint32_t> tables;
   for (const EmbTableSpec& t : options.tables) tables.insert(t.table_id);
   for (const FeatureSpec& f : options.pipeline.features) {
-    if (tables.insert(f.table_id).second) {
-      emb_options.tables.push_back({f.table_id, runner.dim() * 4});
-    }
+    if (tables.insert(f.table_id).second) emb.tables.push_back({f.table_id, row_bytes});
   }
+  return emb;
+}
+
+absl::Status LocalNode::Assemble(const LocalNodeOptions& options, RowSource& source,
+                                 ModelRunner& runner, uint64_t epoch, Clock& clock) {
+  const EmbCacheOptions emb_options = EmbCacheOptionsFor(options, runner.dim() * 4);
   ASSIGN_OR_RETURN(
       pool, HbmPool::Create({.pool_bytes = options.pool_bytes, .page_bytes = options.page_bytes}));
   ASSIGN_OR_RETURN(

@@ -54,6 +54,10 @@ struct LocalNodeOptions {
   std::vector<EmbTableSpec> tables;
 };
 
+// The EMB cache's options for a node: the listed tables, and every feature table not listed with
+// rows of `row_bytes` (the model's dim, fp32).
+EmbCacheOptions EmbCacheOptionsFor(const LocalNodeOptions& options, uint32_t row_bytes);
+
 struct LocalNode {
   // Builds everything; `source` and `runner` are borrowed and must outlive the node (or pass the
   // runner's ownership in `owned_runner`, which `runner` then names). `epoch` is the node's

@@ -43,4 +43,19 @@ inline double ReferenceForwardFlops(const HstuConfig& c, uint64_t history, uint6
   return c.layers * per_layer + head;
 }
 
+// The same count for ForwardCached: `fresh` new history tokens and `candidates` computed over a
+// cached prefix of `cached` tokens: the projections of the n = fresh + candidates new tokens and
+// their scores against every key they may see, computed as one n × (cached + n) block per head
+// (masked entries included). The simulator's compute cost is built on it (sim/twin/cost_model.h).
+inline double CachedForwardFlops(const HstuConfig& c, uint64_t cached, uint64_t fresh,
+                                 uint64_t candidates) {
+  const double n = static_cast<double>(fresh + candidates), D = c.dim, H = c.heads;
+  const double keys = static_cast<double>(cached) + n;
+  const double per_layer = 2 * n * D * c.uvqk_dim() + 2 * n * H * c.d_v * D +
+                           2 * n * keys * H * (static_cast<double>(c.d_qk) + c.d_v);
+  const double head = 2.0 * static_cast<double>(candidates) *
+                      (D * c.head_hidden + static_cast<double>(c.head_hidden) * c.targets);
+  return c.layers * per_layer + head;
+}
+
 }  // namespace hlem::serving

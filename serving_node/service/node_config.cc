@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/status_macros.h"
@@ -175,6 +176,29 @@ absl::StatusOr<NodeConfig> LoadNodeConfig(const std::string& path) {
                         absl::StrCat(path, ": ", config.status().message()));
   }
   return config;
+}
+
+absl::StatusOr<LocalNodeOptions> ResolveLocalNodeOptions(const NodeConfig& config) {
+  LocalNodeOptions options = config;
+  options.pipeline = {.max_candidates = config.max_candidates,
+                      .max_history = config.max_history,
+                      .trim_fraction = config.trim_fraction,
+                      .max_request_events = config.max_request_events};
+  options.tables.clear();
+  absl::flat_hash_set<uint32_t> tables;
+  for (const std::string& name : config.features) {
+    for (const shard::TableSpec& t : config.shards.tables) {
+      if (t.name != name) continue;
+      options.pipeline.features.push_back({.table_id = t.id, .rows = t.rows});
+      if (tables.insert(t.id).second) {
+        options.tables.push_back({t.id, static_cast<uint32_t>(t.row_bytes())});
+      }
+    }
+  }
+  if (options.pipeline.features.size() != config.features.size()) {
+    return absl::InvalidArgumentError("model.features: a table is not in the shard config");
+  }
+  return options;
 }
 
 }  // namespace hlem::serving

@@ -49,4 +49,9 @@ struct NodeConfig : LocalNodeOptions {
 absl::StatusOr<NodeConfig> ParseNodeConfig(const YAML::Node& root, const std::string& base_dir);
 absl::StatusOr<NodeConfig> LoadNodeConfig(const std::string& path);
 
+// The node's parts as the config describes them: the pipeline's features (the shard tables named
+// by model.features, in order), limits, and the tables' row sizes. INVALID_ARGUMENT when a
+// feature names no table of the shard config. NodeStack::Build and `hlem sim` use it.
+absl::StatusOr<LocalNodeOptions> ResolveLocalNodeOptions(const NodeConfig& config);
+
 }  // namespace hlem::serving

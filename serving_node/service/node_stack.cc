@@ -20,26 +20,8 @@ absl::StatusOr<std::unique_ptr<NodeStack>> NodeStack::Build(const NodeConfig& co
                                                             Clock& clock) {
   auto s = std::make_unique<NodeStack>();
   s->config = config;
-  LocalNodeOptions options = config;
-  options.pipeline = {.max_candidates = config.max_candidates,
-                      .max_history = config.max_history,
-                      .trim_fraction = config.trim_fraction,
-                      .max_request_events = config.max_request_events};
-  options.tables.clear();
-  absl::flat_hash_set<uint32_t> tables;
-  for (const std::string& name : config.features) {
-    for (const shard::TableSpec& t : config.shards.tables) {
-      if (t.name != name) continue;
-      s->features.push_back({.table_id = t.id, .rows = t.rows});
-      if (tables.insert(t.id).second) {
-        options.tables.push_back({t.id, static_cast<uint32_t>(t.row_bytes())});
-      }
-    }
-  }
-  if (s->features.size() != config.features.size()) {
-    return absl::InvalidArgumentError("model.features: a table is not in the shard config");
-  }
-  options.pipeline.features = s->features;
+  ASSIGN_OR_RETURN(LocalNodeOptions options, ResolveLocalNodeOptions(config));
+  s->features = options.pipeline.features;
   std::unique_ptr<HstuModel> model;
   if (config.weights.empty()) {
     ASSIGN_OR_RETURN(model, HstuModel::CreateRandom(config.model, config.model_seed));

@@ -122,6 +122,12 @@ class WorkloadGenerator {
   double HotProbability(uint64_t t_ns) const;
   // The residency shard of (feature f's table, row).
   uint64_t ShardOf(uint64_t row) const { return row / config_.residency_shard_rows; }
+  // Appends the feature ids of event `event` (0-based, oldest first) of `user`'s history: what
+  // the trace carried for it (keyed, so the simulator regenerates a user's old events instead
+  // of keeping them).
+  void AppendEventOf(uint64_t user, uint64_t event, std::vector<uint64_t>* out) const {
+    AppendEvent(Item(user, event), out);
+  }
 
  private:
   explicit WorkloadGenerator(const WorkloadConfig& config);
