@@ -22,7 +22,7 @@ namespace {
 
 struct LoadgenFlags {
   std::string trace, router, mode = "full", csv, windows_csv;
-  double speed = 1, deadline_ms = 1000, slo_ms = 50, window_s = 0;
+  double speed = 1, deadline_ms = 1000, slo_ms = 50, window_s = 0, warmup_s = 0;
   uint64_t limit = 0;
   uint32_t max_in_flight = 4096;
   bool fail_on_error = false, quiet = false;
@@ -81,7 +81,8 @@ int Loadgen(const LoadgenFlags& f) {
     std::fprintf(stderr, "hlem loadgen: %s\n", std::string(check.message()).c_str());
     return 1;
   }
-  const loadgen::Report report = loadgen::Summarize(outcomes, window_ns, f.slo_ms);
+  const loadgen::Report report = loadgen::Summarize(
+      outcomes, window_ns, f.slo_ms, static_cast<uint64_t>(f.warmup_s / f.speed * 1e9));
   std::printf("loadgen: %s -> %s, %s mode, speed %.2f\n%s", f.trace.c_str(), f.router.c_str(),
               f.mode.c_str(), f.speed, loadgen::FormatReport(report, f.slo_ms).c_str());
   std::printf("every request recorded once: %zu sent or refused, %zu outcomes\n", outcomes.size(),
@@ -118,6 +119,10 @@ void RegisterLoadgenCommands(CLI::App& app, Run* run) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--slo-ms", f->slo_ms, "latency SLO for the satisfaction figures")
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--warmup-s", f->warmup_s,
+                  "leave requests of the trace's first N seconds out of the overall summary "
+                  "(they are sent and recorded; the caches fill meanwhile)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--window-s", f->window_s, "summary window (default: the trace's)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--mode", f->mode, "full: whole histories; delta: new events + prefix")

@@ -121,6 +121,8 @@ void Replayer::Record(const Call& call, const grpc::Status& status, absl::Time n
     o.cached_prefix_tokens = r.cached_prefix_tokens();
     o.computed_tokens = r.computed_tokens();
     o.stale_kv_hit = r.stale_kv_hit();
+    o.router_ns = static_cast<uint64_t>(r.total_seconds() * 1e9);
+    o.node_ns = static_cast<uint64_t>(r.node_seconds() * 1e9);
     o.retried = r.retried();
     // The answer names the history as it was when sent; valid while no event was added since.
     if (u.in_flight == 0 && r.next_prefix().length() == u.history.size() / F_) {

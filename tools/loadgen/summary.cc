@@ -45,8 +45,10 @@ absl::Status Check(const std::vector<Outcome>& outcomes) {
   return absl::OkStatus();
 }
 
-Report Summarize(const std::vector<Outcome>& outcomes, uint64_t window_ns, double slo_ms) {
+Report Summarize(const std::vector<Outcome>& outcomes, uint64_t window_ns, double slo_ms,
+                 uint64_t warmup_ns) {
   Report r;
+  r.warmup_ns = warmup_ns;
   std::vector<std::vector<double>> latencies;
   std::vector<double> all;
   std::vector<std::pair<uint64_t, uint64_t>> tokens;  // (cached, computed history) per window
@@ -63,9 +65,15 @@ Report Summarize(const std::vector<Outcome>& outcomes, uint64_t window_ns, doubl
         r.windows[i].seconds = static_cast<double>(window_ns) / 1e9;
       }
     }
-    first = std::min(first, o.scheduled_ns);
-    last = std::max(last, o.sent_ns + o.latency_ns);
-    for (Summary* s : {&r.overall, &r.windows[w]}) {
+    // Requests scheduled in the warm-up count in their windows, not in the overall summary.
+    const bool overall = o.scheduled_ns >= warmup_ns;
+    Summary* scope[2] = {&r.windows[w], overall ? &r.overall : nullptr};
+    if (overall) {
+      first = std::min(first, o.scheduled_ns);
+      last = std::max(last, o.sent_ns + o.latency_ns);
+    }
+    for (Summary* s : scope) {
+      if (s == nullptr) continue;
       ++s->requests;
       ++s->codes[CodeName(o.code)];
     }
@@ -74,20 +82,22 @@ Report Summarize(const std::vector<Outcome>& outcomes, uint64_t window_ns, doubl
     const bool within = ms <= slo_ms;
     const uint64_t history =
         o.computed_tokens > o.candidates ? o.computed_tokens - o.candidates : 0;  // new history
-    for (Summary* s : {&r.overall, &r.windows[w]}) {
+    for (Summary* s : scope) {
+      if (s == nullptr) continue;
       ++s->ok;
       s->within_slo += within;
       s->stale_kv_hits += o.stale_kv_hit;
     }
     latencies[w].push_back(ms);
-    all.push_back(ms);
     tokens[w].first += o.cached_prefix_tokens;
     tokens[w].second += history;
+    if (!overall) continue;
+    all.push_back(ms);
     cached += o.cached_prefix_tokens;
     computed += history;
   }
   r.overall.seconds =
-      outcomes.empty() || last <= first ? 0 : static_cast<double>(last - first) / 1e9;
+      r.overall.requests == 0 || last <= first ? 0 : static_cast<double>(last - first) / 1e9;
   for (size_t w = 0; w < r.windows.size(); ++w) {
     Finish(&r.windows[w], &latencies[w], tokens[w].first, tokens[w].second);
   }
@@ -97,15 +107,16 @@ Report Summarize(const std::vector<Outcome>& outcomes, uint64_t window_ns, doubl
 
 std::string OutcomesCsv(const std::vector<Outcome>& outcomes) {
   std::string out =
-      "index,scheduled_s,sent_s,latency_ms,code,user,node,h_kv,h_emb,cached_prefix_tokens,"
-      "computed_tokens,stale_kv_hit,retried,delta,resent,sent,message\n";
+      "index,scheduled_s,sent_s,latency_ms,router_ms,node_ms,code,user,node,h_kv,h_emb,"
+      "cached_prefix_tokens,computed_tokens,stale_kv_hit,retried,delta,resent,sent,message\n";
   for (const Outcome& o : outcomes) {
     std::string message = o.message;
     std::replace(message.begin(), message.end(), '"', '\'');
     absl::StrAppendFormat(
-        &out, "%d,%.6f,%.6f,%.3f,%s,%d,%s,%.0f,%.4f,%u,%u,%d,%d,%d,%d,%d,\"%s\"\n", o.index,
-        static_cast<double>(o.scheduled_ns) / 1e9, static_cast<double>(o.sent_ns) / 1e9,
-        static_cast<double>(o.latency_ns) / 1e6, CodeName(o.code), o.user, o.node, o.h_kv, o.h_emb,
+        &out, "%d,%.6f,%.6f,%.3f,%.3f,%.3f,%s,%d,%s,%.0f,%.4f,%u,%u,%d,%d,%d,%d,%d,\"%s\"\n",
+        o.index, static_cast<double>(o.scheduled_ns) / 1e9, static_cast<double>(o.sent_ns) / 1e9,
+        static_cast<double>(o.latency_ns) / 1e6, static_cast<double>(o.router_ns) / 1e6,
+        static_cast<double>(o.node_ns) / 1e6, CodeName(o.code), o.user, o.node, o.h_kv, o.h_emb,
         o.cached_prefix_tokens, o.computed_tokens, o.stale_kv_hit, o.retried, o.delta, o.resent,
         o.sent, message);
   }
@@ -135,6 +146,10 @@ std::string FormatReport(const Report& report, double slo_ms) {
       o.p50_ms, o.p90_ms, o.p99_ms, slo_ms, 100 * o.slo_satisfaction, 100 * o.kv_reuse,
       o.stale_kv_hits);
   for (const auto& [code, n] : o.codes) absl::StrAppendFormat(&out, " %s %d", code, n);
+  if (report.warmup_ns > 0) {
+    absl::StrAppendFormat(&out, "\n(overall figures leave out the first %.1f s: warm-up)",
+                          static_cast<double>(report.warmup_ns) / 1e9);
+  }
   absl::StrAppendFormat(&out, "\n%7s %8s %8s %9s %9s %9s %8s %8s\n", "window", "requests", "ok",
                         "p50_ms", "p90_ms", "p99_ms", "slo_%", "kv_%");
   for (const Summary& s : report.windows) {

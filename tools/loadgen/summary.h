@@ -18,6 +18,8 @@ struct Outcome {
   uint64_t scheduled_ns = 0;  // trace time ÷ speed
   uint64_t sent_ns = 0;       // when it went out (since the replay's start); = scheduled if never
   uint64_t latency_ns = 0;    // sent to answered
+  uint64_t router_ns = 0;     // of which at the router (receipt to response; OK answers)
+  uint64_t node_ns = 0;       // of which at the node that answered (OK answers)
   int code = -1;              // absl::StatusCode; -1 = no outcome (a bug: never left so)
   std::string message;        // the error's message (empty when OK)
   uint64_t user = 0;
@@ -44,13 +46,16 @@ struct Summary {
 };
 
 struct Report {
-  Summary overall;
+  Summary overall;  // requests scheduled at or after warmup_ns
+  uint64_t warmup_ns = 0;
   std::vector<Summary> windows;  // by scheduled time
 };
 
 // INTERNAL when an outcome has no code (a request left without its one outcome).
 absl::Status Check(const std::vector<Outcome>& outcomes);
-Report Summarize(const std::vector<Outcome>& outcomes, uint64_t window_ns, double slo_ms);
+// Requests scheduled before `warmup_ns` (caches filling) count in their windows only.
+Report Summarize(const std::vector<Outcome>& outcomes, uint64_t window_ns, double slo_ms,
+                 uint64_t warmup_ns = 0);
 
 // CSV with a header line: one row per request / per window.
 std::string OutcomesCsv(const std::vector<Outcome>& outcomes);
