@@ -2,17 +2,22 @@
 // node stack of deploy/local/node.yaml on the cpu device, with the local shard cluster
 // (deploy/local/shards.yaml) running as real embedding_shard processes on loopback.
 //
-// For history lengths L in {64, 256, 512} (the local profile's max_history is 512):
+// For history lengths L in {64, 256, 512} (--lengths; the local profile's max_history is 512):
 //   cold        a user the node never saw: all L history tokens are computed;
 //   new p       a returning user whose request adds new = round(p·L / (1 + p)) events (>= 1) to
 //               a cached prefix of L - new, i.e. p = new ÷ cached, for p = 1 %, 10 %, 100 %;
 //               the prefix is sent first (not measured).
-// Every request has 64 candidates; items follow Zipf(1.0) over the item table, categories are
-// uniform. Latency is Node::Infer from admission to answer (queue with its 1 ms batch window, EMB
-// lookups, shard fetches of misses, copies over the emulated link, model, KV commit), one request
-// at a time; no gRPC. The cost split is the pipeline's own stage timing. The same run also times
-// the model's cached forward against its plain reference forward (full recompute) on the same
-// shapes. Medians and P90 over --requests requests per row.
+// Every request has 64 candidates (--candidates); items follow Zipf(1.0) over the item table,
+// categories are uniform. Latency is Node::Infer from admission to answer (queue with its 1 ms
+// batch window, EMB lookups, shard fetches of misses, copies over the emulated link, model, KV
+// commit), one request at a time; no gRPC. The cost split is the pipeline's own stage timing. The
+// same run also times the model's cached forward against its plain reference forward (full
+// recompute) on the same shapes. Medians and P90 over --requests requests per row.
+//
+// `--costs-out=FILE` also fits the simulator's cost model (sim/twin/cost_model.h) to these
+// measurements by least squares over the rows' medians: the model step's time against its FLOPs
+// (CachedForwardFlops), the EMB lookups' time against the rows looked up, the shard fetches' time
+// against the rows fetched (one fetch per table), and writes it as a cost file (sim/costs/).
 //
 // Own harness: each measurement is a whole request with state set up before it, which Google
 // Benchmark's iteration model does not fit. `--smoke` runs 3 requests per row (CTest, label
@@ -27,15 +32,21 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "common/rng.h"
 #include "common/zipf.h"
 #include "embedding_shard/client/shard_client_factory.h"
+#include "serving_node/core/emulated_link.h"
 #include "serving_node/service/node_config.h"
 #include "serving_node/service/node_stack.h"
 #include "serving_node/service/shard_row_source.h"
@@ -67,6 +78,12 @@ struct Args {
   bool smoke = false;
   int requests = 40;
   int warmup = 300;
+  int candidates = 64;
+  std::vector<uint32_t> lengths = {64, 256, 512};
+  std::string costs_out;
+  // Outside the node: loadgen -> router -> node and back, the median of (latency - node time)
+  // in the local cluster, from `hlem loadgen --csv` (docs/simulator.md).
+  double router_overhead_us = 1400;
   std::string config = std::string(HLEM_SOURCE_DIR) + "/deploy/local/node.yaml";
 };
 
@@ -91,9 +108,25 @@ Args Parse(int argc, char** argv) {
       if (!absl::SimpleAtoi(w, &a.warmup) || a.warmup < 0) Die("--warmup: not a count");
     } else if (auto c = value("--config"); !c.empty()) {
       a.config = std::string(c);
+    } else if (auto o = value("--costs-out"); !o.empty()) {
+      a.costs_out = std::string(o);
+    } else if (auto r = value("--router-overhead-us"); !r.empty()) {
+      if (!absl::SimpleAtod(r, &a.router_overhead_us) || a.router_overhead_us < 0) {
+        Die("--router-overhead-us: not a duration in µs");
+      }
+    } else if (auto n = value("--candidates"); !n.empty()) {
+      if (!absl::SimpleAtoi(n, &a.candidates) || a.candidates < 1) Die("--candidates: not a count");
+    } else if (auto l = value("--lengths"); !l.empty()) {
+      a.lengths.clear();
+      for (absl::string_view part : absl::StrSplit(l, ',')) {
+        uint32_t length = 0;
+        if (!absl::SimpleAtoi(part, &length) || length < 1) Die("--lengths: not a list of counts");
+        a.lengths.push_back(length);
+      }
     } else {
       Die(absl::StrCat("unknown argument ", arg,
-                       " (--smoke, --requests=N, --warmup=N, --config=node.yaml)"));
+                       " (--smoke, --requests=N, --warmup=N, --config=node.yaml, --lengths=64,256, "
+                       "--candidates=N, --costs-out=FILE, --router-overhead-us=X)"));
     }
   }
   return a;
@@ -123,7 +156,22 @@ class Events {
 struct Sample {
   double total_ms, emb_lookup_ms, fetch_ms, copy_ms, compute_ms, kv_ms, other_ms;
   double hits, misses;
+  double flops;               // CachedForwardFlops of the request's model step
+  double copies, copy_bytes;  // the request's miss copies over the link
 };
+
+// Least squares y = a + b·x; `a` clamped at 0 (a fixed cost is never negative).
+std::pair<double, double> Fit(const std::vector<std::pair<double, double>>& xy) {
+  double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (auto [x, y] : xy) {
+    n += 1, sx += x, sy += y, sxx += x * x, sxy += x * y;
+  }
+  const double den = n * sxx - sx * sx;
+  const double b = den > 0 ? (n * sxy - sx * sy) / den : 0;
+  const double a = n > 0 ? (sy - b * sx) / n : 0;
+  if (a >= 0) return {a, b};
+  return {0, sxx > 0 ? sxy / sxx : 0};
+}
 
 struct Row {
   std::string scenario;
@@ -171,27 +219,27 @@ int main(int argc, char** argv) {
 
   const uint64_t items = node.features[0].rows, categories = node.features[1].rows;
   Events events(items, categories, 7);
-  constexpr size_t kCandidates = 64;
+  const size_t candidates = static_cast<size_t>(args.candidates);
   uint64_t next_user = 1;
   auto infer = [&](uint64_t user, std::vector<uint64_t> history) {
     absl::StatusOr<InferOutput> out = node.node->InferSync(
-        {.user = user, .history = std::move(history), .candidates = events.Make(kCandidates)});
+        {.user = user, .history = std::move(history), .candidates = events.Make(candidates)});
     if (!out.ok()) Die(absl::StrCat("infer: ", out.status().ToString()));
-    if (out->scores.size() != kCandidates * out->targets) Die("wrong number of scores");
+    if (out->scores.size() != candidates * out->targets) Die("wrong number of scores");
     return *out;
   };
 
   std::printf(
       "# node_benchmark: %s, pool %llu MiB, alpha %.2f, %s, shards over %s, %d requests "
-      "per row, %d warm-up requests; %s\n",
+      "per row, %d candidates, %d warm-up requests; %s\n",
       args.config.c_str(), static_cast<unsigned long long>(config->pool_bytes >> 20),
       config->memory.initial_alpha, config->model_name.c_str(), config->shard_transport.c_str(),
-      args.requests, args.warmup, compute_note.c_str());
+      args.requests, args.candidates, args.warmup, compute_note.c_str());
   // Warm-up: the EMB cache fills with the popular rows; every later request sees a steady cache.
   for (int i = 0; i < args.warmup; ++i) infer(next_user++, events.Make(128));
 
   std::vector<Row> rows;
-  for (uint32_t length : {64u, 256u, 512u}) {
+  for (uint32_t length : args.lengths) {
     if (length > config->max_history) continue;
     rows.push_back({"cold", length, 0, length, {}});
     for (double p : {0.01, 0.10, 1.00}) {
@@ -211,9 +259,12 @@ int main(int argc, char** argv) {
       if (row.cached > 0) {
         infer(user, std::vector<uint64_t>(history.begin(), history.begin() + 2 * row.cached));
       }
+      const serving::DeviceCopyStats before = node.device->stats();
       const absl::Time start = clock.Now();
       const InferOutput out = infer(user, history);
       const absl::Duration total = clock.Now() - start;
+      const serving::DeviceCopyStats after = node.device->stats();
+      const int miss = static_cast<int>(serving::CopyPurpose::kEmbMiss);
       if (out.cached_prefix_tokens != row.cached) {
         Die(absl::StrCat(row.scenario, " L=", row.length, ": reused ", out.cached_prefix_tokens,
                          " tokens, expected ", row.cached));
@@ -228,7 +279,10 @@ int main(int argc, char** argv) {
            .kv_ms = Ms(out.kv_seconds),
            .other_ms = Ms(total - out.emb_seconds - out.compute_seconds - out.kv_seconds),
            .hits = static_cast<double>(out.emb_hits),
-           .misses = static_cast<double>(out.emb_misses)});
+           .misses = static_cast<double>(out.emb_misses),
+           .flops = serving::CachedForwardFlops(config->model, row.cached, row.fresh, candidates),
+           .copies = static_cast<double>(after.copies[miss] - before.copies[miss]),
+           .copy_bytes = static_cast<double>(after.bytes[miss] - before.bytes[miss])});
     }
   }
   std::printf("\n%-9s %5s %6s %5s | %8s %8s | %7s %7s %7s %8s %6s %7s | %6s %6s\n", "scenario", "L",
@@ -260,8 +314,8 @@ int main(int argc, char** argv) {
     for (float& x : v) x = static_cast<float>(static_cast<double>(rng() % 2001) / 1000 - 1);
   };
   for (const Row& row : rows) {
-    std::vector<float> history(static_cast<size_t>(row.length) * dim), cand(kCandidates * dim),
-        scores(kCandidates * config->model.targets);
+    std::vector<float> history(static_cast<size_t>(row.length) * dim), cand(candidates * dim),
+        scores(candidates * config->model.targets);
     fill(history);
     fill(cand);
     const uint32_t pages = (row.length + layout.page_tokens - 1) / layout.page_tokens;
@@ -294,5 +348,89 @@ int main(int argc, char** argv) {
                 row.length, row.cached, row.fresh, c, ref, ref / c, Quantile(in_node, 0.5));
   }
   stack->reset();
+  if (!args.costs_out.empty()) {
+    // What one transfer of the emulated link costs beyond its configured latency and bandwidth
+    // (the clock's timer wake-up and the hand-off to the waiting request): 256 transfers of one
+    // row each, submitted at once as a request's miss copies are, against their configured time.
+    double copy_overhead_ms = 0;
+    {
+      auto link = serving::EmulatedLink::Create(config->link, clock);
+      Must(link.status(), "link");
+      constexpr int kCopies = 256;
+      const uint32_t row = config->model.dim * 4;
+      absl::Mutex mu;
+      int done = 0;
+      const absl::Time start = clock.Now();
+      for (int i = 0; i < kCopies; ++i) {
+        (*link)->Submit(serving::CopyClass::kCritical, row, [&] {
+          absl::MutexLock lock(&mu);
+          ++done;
+        });
+      }
+      {
+        absl::MutexLock lock(&mu);
+        mu.Await(absl::Condition(
+            +[](int* d) { return *d == kCopies; }, &done));
+      }
+      const double measured = Ms(clock.Now() - start);
+      copy_overhead_ms =
+          std::max(0.0, (measured - kCopies * Ms((*link)->TransferTime(row))) / kCopies);
+      std::printf(
+          "\nlink: %d transfers of %u B in %.3f ms, configured %.3f ms: %.1f us more each\n",
+          kCopies, row, measured, kCopies * Ms((*link)->TransferTime(row)), copy_overhead_ms * 1e3);
+    }
+    std::vector<std::pair<double, double>> compute, lookup, fetch, copy;
+    std::vector<double> fixed;  // KV bookkeeping and queue/answer time per request
+    // One point per row (its medians): a few slow requests (a page fault, a preempted thread)
+    // must not tilt the lines.
+    for (const Row& row : rows) {
+      auto median = [&](double Sample::*field) {
+        std::vector<double> v;
+        for (const Sample& s : row.samples) v.push_back(s.*field);
+        return Quantile(v, 0.5);
+      };
+      compute.push_back({median(&Sample::flops), median(&Sample::compute_ms)});
+      lookup.push_back(
+          {median(&Sample::hits) + median(&Sample::misses), median(&Sample::emb_lookup_ms)});
+      fetch.push_back({median(&Sample::misses), median(&Sample::fetch_ms)});
+      for (const Sample& s : row.samples) {
+        // The copy stage beyond the configured link (bytes ÷ bandwidth + latency per copy and
+        // the per-copy overhead measured below): gather and feature sums, per request.
+        const double link_ms =
+            s.copy_bytes / config->link.bytes_per_second * 1e3 +
+            s.copies * (absl::ToDoubleMilliseconds(config->link.latency) + copy_overhead_ms);
+        copy.push_back({1, s.copy_ms - link_ms});
+        fixed.push_back(s.kv_ms + s.other_ms);
+      }
+    }
+    const auto [step_ms, ms_per_flop] = Fit(compute);
+    const auto [lookup_ms, lookup_ms_per_row] = Fit(lookup);
+    const auto [fetch_ms, fetch_ms_per_row] = Fit(fetch);
+    std::vector<double> copy_fixed;
+    for (auto [one, ms] : copy) copy_fixed.push_back(ms);
+    const double copy_fixed_ms = std::max(0.0, Quantile(copy_fixed, 0.5));
+    const double tables = static_cast<double>(node.features.size());
+    auto us = [](double ms) { return absl::StrFormat("%.3fus", ms * 1e3); };
+    std::ofstream out(args.costs_out);
+    out << "# Fitted by bench/node_benchmark --costs-out from its own measurements (least squares "
+           "over\n"
+           "# each row's medians; docs/simulator.md). Do not edit by hand: re-run it.\n"
+        << "device: \"cpu\"\n"
+        << "source: \"node_benchmark " << args.config << ", " << rows.size() << " rows x "
+        << args.requests << " requests, " << candidates << " candidates; " << compute_note
+        << "; router_overhead from --router-overhead-us (the local cluster's loadgen CSV)\"\n"
+        << "flops_per_second: "
+        << absl::StrFormat("%.4g", ms_per_flop > 0 ? 1e3 / ms_per_flop : 1e12)
+        << "\nstep_overhead: " << us(step_ms)
+        << "\nrequest_overhead: " << us(lookup_ms + copy_fixed_ms + Quantile(fixed, 0.5))
+        << "\nlookup_per_row: " << us(lookup_ms_per_row)
+        << "\nfetch_overhead: " << us(fetch_ms / std::max(1.0, tables))
+        << "\nfetch_per_row: " << us(fetch_ms_per_row)
+        << "\ncopy_overhead: " << us(copy_overhead_ms)
+        << "\nrouter_overhead: " << us(args.router_overhead_us / 1e3)
+        << "\ncompute_units: " << std::max(1u, std::thread::hardware_concurrency()) << "\n";
+    if (!out) Die(absl::StrCat("cannot write ", args.costs_out));
+    std::printf("\ncost model written to %s\n", args.costs_out.c_str());
+  }
   return 0;
 }
