@@ -15,5 +15,6 @@ void RegisterRouterCommands(CLI::App& app, Run* run);
 void RegisterWorkloadCommands(CLI::App& app, Run* run);
 void RegisterLoadgenCommands(CLI::App& app, Run* run);
 void RegisterClusterCommands(CLI::App& app, Run* run);
+void RegisterSimCommands(CLI::App& app, Run* run);
 
 }  // namespace hlem::tools

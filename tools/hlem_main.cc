@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   hlem::tools::RegisterWorkloadCommands(app, &run);
   hlem::tools::RegisterLoadgenCommands(app, &run);
   hlem::tools::RegisterClusterCommands(app, &run);
+  hlem::tools::RegisterSimCommands(app, &run);
   CLI11_PARSE(app, argc, argv);
   if (auto s = hlem::InitLogging({.level = "warn"}); !s.ok()) return 2;
   return run ? run() : 2;

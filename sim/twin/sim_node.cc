@@ -245,6 +245,17 @@ void SimExecutor::FetchFrom(Job& job, size_t table) {
                                 });
       begin = i;
     }
+    // Rows the cache did not take (no room, or pending under another request's copy) still
+    // cross the link to be used, in one staged copy: a device computes on device memory. (The
+    // cpu pipeline reads them from host memory instead; docs/simulator.md.)
+    if (const size_t unadmitted = t.fetch.size() - t.reserved.size(); unadmitted > 0) {
+      ++job.copies_in_flight;
+      parts_.device->CopyToPool(serving::CopyClass::kCritical, serving::CopyPurpose::kEmbMiss,
+                                nullptr, 0, unadmitted * row_bytes_,
+                                [this, &job, alive = alive_](absl::Status) {
+                                  if (*alive) CopyDone(job);
+                                });
+    }
     FetchFrom(job, table + 1);
   });
 }
@@ -310,16 +321,8 @@ absl::StatusOr<std::unique_ptr<SimNode>> SimNode::Create(const SimNodeOptions& o
                                                          uint64_t epoch, Clock& clock) {
   const serving::LocalNodeOptions& o = options.local;
   auto n = std::make_unique<SimNode>();
-  serving::EmbCacheOptions emb_options{.residency_shard_rows = o.residency_shard_rows,
-                                       .policy = o.emb_policy};
-  emb_options.tables = o.tables;
-  absl::flat_hash_set<uint32_t> tables;
-  for (const serving::EmbTableSpec& t : o.tables) tables.insert(t.table_id);
-  for (const serving::FeatureSpec& f : o.pipeline.features) {
-    if (tables.insert(f.table_id).second) {
-      emb_options.tables.push_back({f.table_id, options.model.dim * 4});
-    }
-  }
+  const serving::EmbCacheOptions emb_options =
+      serving::EmbCacheOptionsFor(o, options.model.dim * 4);
   ASSIGN_OR_RETURN(
       n->pool, serving::HbmPool::Create({.pool_bytes = o.pool_bytes, .page_bytes = o.page_bytes}));
   ASSIGN_OR_RETURN(n->device, SimDevice::Create(o.pool_bytes, o.link, clock));

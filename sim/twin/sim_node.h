@@ -15,8 +15,10 @@
 //      lookup_per_row × rows, on the shared compute units.
 //   3. Per table with misses (and rows pending under another request's copy): one shard fetch
 //      (fetch_overhead + fetch_per_row × rows, a delay), then ReserveBatch and one critical copy
-//      per run of consecutive slots over the node's link (EmulatedLink, shared with refill); the
-//      request waits for its copies, then Commit.
+//      per run of consecutive slots over the node's link (EmulatedLink, shared with refill), and
+//      one staged copy of the fetched rows the cache did not take (no room at α = 0, or pending
+//      under another request's copy): every row a request uses crosses the link once, as on a
+//      GPU; the request waits for its copies, then Commit.
 //   4. The batch's model step on the shared compute units (step_overhead + FLOPs ÷ rate), then
 //      CommitAppend and Unpin, and the answer.
 // One worker per node: batches of up to max_batch requests of distinct users run one after the

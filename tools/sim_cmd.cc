@@ -1,0 +1,466 @@
+// `hlem sim`: the digital twin (sim/twin). `run` replays a trace through simulated serving nodes
+// (the real caches, memory manager and node logic) behind the real router core and prints the
+// same report as `hlem loadgen` plus the simulator's speed and event-log hash; `sweep` runs it
+// for every α of a grid (a static α per run, common random numbers) and names the best one;
+// `oracle` finds α* of every decision window by forking the simulation (sim/twin/oracle.h);
+// `compare` sets a simulated run beside a real one of the same trace (fidelity).
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "router/core/policy.h"
+#include "serving_node/service/node_config.h"
+#include "sim/twin/cost_model.h"
+#include "sim/twin/oracle.h"
+#include "sim/twin/twin.h"
+#include "sim/workload/trace.h"
+#include "tools/commands.h"
+#include "tools/loadgen/summary.h"
+
+namespace hlem::tools {
+namespace {
+
+struct SimFlags {
+  std::string trace, node_config = "deploy/local/node.yaml", costs = "sim/costs/cpu-local.yaml";
+  std::string router = "hlem", csv, windows_csv, alphas, follow = "star";
+  uint32_t nodes = 4;
+  double alpha = 0.5, slo_ms = 0, warmup_s = 0;
+  bool quiet = false;
+};
+
+int Fail(absl::string_view what, const absl::Status& st) {
+  std::fprintf(stderr, "hlem sim: %s: %s\n", std::string(what).c_str(),
+               std::string(st.message()).c_str());
+  return st.code() == absl::StatusCode::kInvalidArgument || st.code() == absl::StatusCode::kNotFound
+             ? 2
+             : 1;
+}
+
+// Opens the trace for a run: the reader and the callback the twin pulls requests with.
+struct TraceSource {
+  std::unique_ptr<sim::TraceReader> reader;
+  absl::Status error;
+  std::function<bool(sim::TraceRequest*)> Next() {
+    return [this](sim::TraceRequest* r) {
+      absl::StatusOr<bool> more = reader->Next(r);
+      if (!more.ok()) error = more.status();
+      return more.ok() && *more;
+    };
+  }
+};
+
+// Everything a run needs but the α: read once, shared by a sweep's runs.
+struct Setup {
+  sim::TwinOptions twin;
+  sim::WorkloadConfig workload;
+  std::string trace;
+  double slo_ms = 0;
+  uint64_t window_ns = 0, warmup_ns = 0;
+};
+
+absl::StatusOr<Setup> Prepare(const SimFlags& f) {
+  Setup s;
+  auto config = serving::LoadNodeConfig(f.node_config);
+  if (!config.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--node-config: ", config.status().message()));
+  }
+  auto local = serving::ResolveLocalNodeOptions(*config);
+  if (!local.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--node-config: ", local.status().message()));
+  }
+  auto costs = sim::LoadCostModel(f.costs);
+  if (!costs.ok()) {
+    return absl::Status(costs.status().code(), absl::StrCat("--costs: ", costs.status().message()));
+  }
+  auto policy = router::ParsePolicy(f.router);
+  if (!policy.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--router: ", policy.status().message()));
+  }
+  auto reader = sim::TraceReader::Open(f.trace);
+  if (!reader.ok()) {
+    return absl::Status(reader.status().code(),
+                        absl::StrCat("--trace: ", reader.status().message()));
+  }
+  auto workload = sim::ParseWorkloadConfig((*reader)->header().config_yaml);
+  if (!workload.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--trace: its header's workload config: ", workload.status().message()));
+  }
+  s.workload = *workload;
+  s.trace = f.trace;
+  s.twin.node = {.local = *local, .model = config->model, .kv_dtype_bytes = 4};
+  s.twin.nodes = f.nodes;
+  s.twin.costs = *costs;
+  s.twin.router.policy = *policy;
+  s.twin.alpha = f.alpha;
+  s.slo_ms = f.slo_ms > 0 ? f.slo_ms : absl::ToDoubleMilliseconds(config->node.slo);
+  s.window_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(workload->window));
+  s.warmup_ns = static_cast<uint64_t>(f.warmup_s * 1e9);
+  return s;
+}
+
+struct RunResult {
+  loadgen::Report report;
+  std::vector<loadgen::Outcome> outcomes;
+  sim::TwinStats stats;
+  std::string nodes;  // a line per node: its caches and link over the whole run
+};
+
+std::string NodeLines(sim::Twin& twin) {
+  std::string out;
+  const double seconds = absl::ToDoubleSeconds(twin.stats().simulated);
+  for (size_t i = 0; i < twin.num_nodes(); ++i) {
+    sim::SimNode& n = twin.node(i);
+    const serving::KvCacheStats kv = n.kv->Stats();
+    const serving::EmbCacheStats emb = n.emb->GetStats();
+    const serving::DeviceCopyStats dev = n.device->stats();
+    const int miss = static_cast<int>(serving::CopyPurpose::kEmbMiss);
+    const int refill = static_cast<int>(serving::CopyPurpose::kEmbRefill);
+    auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
+    absl::StrAppendFormat(
+        &out,
+        "node-%d: %d requests, KV reuse %.1f %% of tokens, EMB hits %.1f %% of rows, %.1f miss "
+        "copies (%.1f KiB) per request, refill %.1f MiB, link busy %.1f %%\n",
+        i, kv.lookups, 100 * ratio(kv.tokens_reused, kv.tokens_requested),
+        100 * ratio(emb.hits, emb.lookups), ratio(dev.copies[miss], kv.lookups),
+        ratio(dev.bytes[miss], kv.lookups) / 1024, dev.bytes[refill] / 1048576.0,
+        100 * ratio(dev.link_busy_ns / 1e9, seconds));
+  }
+  return out;
+}
+
+absl::StatusOr<RunResult> RunOnce(const Setup& s, double alpha) {
+  sim::TwinOptions options = s.twin;
+  options.alpha = alpha;
+  auto twin = sim::Twin::Create(options, s.workload);
+  if (!twin.ok()) return twin.status();
+  auto reader = sim::TraceReader::Open(s.trace);
+  if (!reader.ok()) return reader.status();
+  TraceSource source{.reader = std::move(*reader)};
+  absl::Status st = (*twin)->Run(source.Next());
+  if (!source.error.ok()) return source.error;
+  if (!st.ok()) return st;
+  RunResult result;
+  result.stats = (*twin)->stats();
+  result.nodes = NodeLines(**twin);
+  for (const sim::TwinOutcome& o : (*twin)->outcomes()) {
+    result.outcomes.push_back({.index = o.index,
+                               .scheduled_ns = o.sent_ns,
+                               .sent_ns = o.sent_ns,
+                               .latency_ns = o.latency_ns,
+                               .router_ns = o.router_ns,
+                               .node_ns = o.node_ns,
+                               .code = static_cast<int>(o.code),
+                               .message = o.message,
+                               .user = o.user,
+                               .node = o.node < 0 ? "" : absl::StrCat("node-", o.node),
+                               .h_kv = o.h_kv,
+                               .h_emb = o.h_emb,
+                               .candidates = o.candidates,
+                               .cached_prefix_tokens = o.cached_prefix_tokens,
+                               .computed_tokens = o.computed_tokens,
+                               .stale_kv_hit = o.stale_kv_hit,
+                               .delta = true,
+                               .sent = true});
+  }
+  if (absl::Status check = loadgen::Check(result.outcomes); !check.ok()) return check;
+  result.report = loadgen::Summarize(result.outcomes, s.window_ns, s.slo_ms, s.warmup_ns);
+  return result;
+}
+
+std::string SpeedLine(const sim::TwinStats& t) {
+  const double simulated = absl::ToDoubleSeconds(t.simulated);
+  return absl::StrFormat(
+      "simulated %.1f s in %.2f s of wall time (%.1fx real time), %d requests (%.0f/s of wall "
+      "time), %d events; log hash %016x\n",
+      simulated, t.wall_seconds, t.wall_seconds > 0 ? simulated / t.wall_seconds : 0, t.requests,
+      t.wall_seconds > 0 ? static_cast<double>(t.requests) / t.wall_seconds : 0, t.timers_run,
+      t.log_hash);
+}
+
+int WriteFile(const std::string& path, const std::string& body) {
+  if (path.empty()) return 0;
+  std::ofstream out(path);
+  out << body;
+  if (!out) {
+    std::fprintf(stderr, "hlem sim: cannot write %s\n", path.c_str());
+    return 1;
+  }
+  return 0;
+}
+
+int RunSim(const SimFlags& f) {
+  absl::StatusOr<Setup> s = Prepare(f);
+  if (!s.ok()) return Fail("setup", s.status());
+  absl::StatusOr<RunResult> r = RunOnce(*s, f.alpha);
+  if (!r.ok()) return Fail("run", r.status());
+  std::printf("sim: %s, %u nodes, alpha %.2f, router %s, costs %s (%s)\n%s%s%s", f.trace.c_str(),
+              f.nodes, f.alpha, f.router.c_str(), f.costs.c_str(), s->twin.costs.device.c_str(),
+              loadgen::FormatReport(r->report, s->slo_ms).c_str(), r->nodes.c_str(),
+              SpeedLine(r->stats).c_str());
+  return std::max(WriteFile(f.csv, loadgen::OutcomesCsv(r->outcomes)),
+                  WriteFile(f.windows_csv, loadgen::WindowsCsv(r->report)));
+}
+
+// The reward of ARCHITECTURE §3 over the whole run: SLO-satisfied fraction − max(0, P99 − SLO)/SLO.
+double Reward(const loadgen::Summary& s, double slo_ms) {
+  return s.slo_satisfaction - std::max(0.0, s.p99_ms - slo_ms) / slo_ms;
+}
+
+int Sweep(const SimFlags& f) {
+  absl::StatusOr<Setup> s = Prepare(f);
+  if (!s.ok()) return Fail("setup", s.status());
+  std::vector<double> alphas;
+  for (absl::string_view part :
+       absl::StrSplit(f.alphas, absl::ByAnyChar(", "), absl::SkipEmpty())) {
+    double a = 0;
+    if (!absl::SimpleAtod(part, &a) || !(a >= 0 && a <= 1)) {
+      return Fail("--alphas",
+                  absl::InvalidArgumentError(absl::StrCat("'", part, "' is not an α in [0, 1]")));
+    }
+    alphas.push_back(a);
+  }
+  if (alphas.empty()) {
+    for (int i = 0; i <= 50; ++i) alphas.push_back(i * 0.02);  // ARCHITECTURE §8's grid
+  }
+  std::string csv =
+      "alpha,requests,ok,p50_ms,p90_ms,p99_ms,slo_satisfaction,kv_reuse,reward,wall_s\n";
+  std::printf("sim sweep: %s, %u nodes, router %s, costs %s (%s), SLO %.1f ms\n", f.trace.c_str(),
+              f.nodes, f.router.c_str(), f.costs.c_str(), s->twin.costs.device.c_str(), s->slo_ms);
+  std::printf("%6s %9s %9s %9s %9s %8s %8s %8s\n", "alpha", "requests", "p50_ms", "p90_ms",
+              "p99_ms", "slo_%", "kv_%", "reward");
+  double best_alpha = -1, best_reward = 0;
+  for (double alpha : alphas) {
+    absl::StatusOr<RunResult> r = RunOnce(*s, alpha);
+    if (!r.ok()) return Fail(absl::StrCat("run at alpha ", alpha), r.status());
+    const loadgen::Summary& o = r->report.overall;
+    const double reward = Reward(o, s->slo_ms);
+    std::printf("%6.2f %9llu %9.2f %9.2f %9.2f %8.2f %8.1f %8.4f\n", alpha,
+                static_cast<unsigned long long>(o.requests), o.p50_ms, o.p90_ms, o.p99_ms,
+                100 * o.slo_satisfaction, 100 * o.kv_reuse, reward);
+    std::fflush(stdout);
+    absl::StrAppendFormat(&csv, "%.2f,%d,%d,%.3f,%.3f,%.3f,%.4f,%.4f,%.4f,%.2f\n", alpha,
+                          o.requests, o.ok, o.p50_ms, o.p90_ms, o.p99_ms, o.slo_satisfaction,
+                          o.kv_reuse, reward, r->stats.wall_seconds);
+    if (best_alpha < 0 || reward > best_reward) {
+      best_alpha = alpha;
+      best_reward = reward;
+    }
+  }
+  std::printf("best static alpha on this grid: %.2f (reward %.4f)\n", best_alpha, best_reward);
+  return WriteFile(f.csv, csv);
+}
+
+int Oracle(const SimFlags& f) {
+  absl::StatusOr<Setup> s = Prepare(f);
+  if (!s.ok()) return Fail("setup", s.status());
+  sim::TwinOptions options = s->twin;
+  options.alpha = f.alpha;
+  auto twin = sim::Twin::Create(options, s->workload);
+  if (!twin.ok()) return Fail("setup", twin.status());
+  auto reader = sim::TraceReader::Open(s->trace);
+  if (!reader.ok()) return Fail("--trace", reader.status());
+  TraceSource source{.reader = std::move(*reader)};
+  if (absl::Status st = (*twin)->Start(source.Next()); !st.ok()) return Fail("run", st);
+  const sim::OracleOptions o{.window = s->workload.window,
+                             .slo = absl::Microseconds(static_cast<int64_t>(s->slo_ms * 1e3))};
+  const bool star = f.follow == "star";
+  std::printf(
+      "sim oracle: %s, %u nodes, router %s, costs %s, window %s, SLO %.1f ms; the parent "
+      "follows %s\n",
+      f.trace.c_str(), f.nodes, f.router.c_str(), f.costs.c_str(),
+      absl::FormatDuration(o.window).c_str(), s->slo_ms,
+      star ? "alpha*" : absl::StrFormat("a static alpha %.2f", f.alpha).c_str());
+  std::printf("%6s %9s %8s %10s %9s %7s\n", "window", "requests", "alpha*", "reward*", "unimodal",
+              "points");
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<std::vector<sim::WindowOracle>> result = sim::WindowAlphaStar(
+      **twin, o, [&](uint64_t, double alpha_star) { return star ? alpha_star : f.alpha; });
+  if (!result.ok()) return Fail("oracle", result.status());
+  if (absl::Status st = (*twin)->Finish(); !st.ok()) return Fail("run", st);
+  if (!source.error.ok()) return Fail("--trace", source.error);
+  std::string csv =
+      "window,requests,alpha_star,reward_star,alpha_followed,reward_followed,unimodal,curve\n";
+  double sum = 0;
+  int counted = 0, unimodal = 0;
+  for (const sim::WindowOracle& w : *result) {
+    const absl::Duration from = o.window * static_cast<int64_t>(w.window);
+    uint64_t requests = 0;
+    for (const sim::TwinOutcome& out : (*twin)->outcomes()) {
+      const absl::Duration t = absl::Nanoseconds(static_cast<int64_t>(out.sent_ns));
+      requests += t >= from && t < from + o.window;
+    }
+    if (requests == 0) continue;  // after the trace's end
+    const double followed = sim::WindowReward((*twin)->outcomes(), from, from + o.window, o.slo);
+    std::printf("%6llu %9llu %8.2f %10.4f %9s %7zu\n", static_cast<unsigned long long>(w.window),
+                static_cast<unsigned long long>(requests), w.alpha_star, w.reward_star,
+                w.unimodal ? "yes" : "no", w.curve.size());
+    std::string curve;
+    for (const auto& [a, r] : w.curve)
+      absl::StrAppendFormat(&curve, "%s%.2f:%.4f", curve.empty() ? "" : " ", a, r);
+    absl::StrAppendFormat(&csv, "%d,%d,%.2f,%.4f,%.2f,%.4f,%d,%s\n", w.window, requests,
+                          w.alpha_star, w.reward_star, w.alpha_followed, followed, w.unimodal,
+                          curve);
+    sum += w.alpha_star;
+    ++counted;
+    unimodal += w.unimodal;
+  }
+  const double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("%d windows: mean alpha* %.3f, %d unimodal on the coarse grid; %.1f s of wall time\n",
+              counted, counted > 0 ? sum / counted : 0.0, unimodal, wall);
+  return WriteFile(f.csv, csv);
+}
+
+// The per-request CSV of `hlem loadgen --csv` or `hlem sim run --csv` (OutcomesCsv), as outcomes
+// (the columns the summaries read: times, latency, code).
+absl::StatusOr<std::vector<loadgen::Outcome>> ReadOutcomes(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::string line;
+  if (!std::getline(in, line) || line.rfind("index,scheduled_s,sent_s,latency_ms,", 0) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a per-request outcome CSV"));
+  }
+  std::vector<loadgen::Outcome> out;
+  for (size_t n = 2; std::getline(in, line); ++n) {
+    std::vector<std::string> f = absl::StrSplit(line, ',');
+    double scheduled = 0, sent = 0, latency = 0;
+    uint64_t index = 0;
+    if (f.size() < 7 || !absl::SimpleAtoi(f[0], &index) || !absl::SimpleAtod(f[1], &scheduled) ||
+        !absl::SimpleAtod(f[2], &sent) || !absl::SimpleAtod(f[3], &latency)) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ":", n, ": malformed row"));
+    }
+    out.push_back({.index = index,
+                   .scheduled_ns = static_cast<uint64_t>(std::llround(scheduled * 1e9)),
+                   .sent_ns = static_cast<uint64_t>(std::llround(sent * 1e9)),
+                   .latency_ns = static_cast<uint64_t>(std::llround(latency * 1e6)),
+                   .code = f[6] == "OK" ? 0 : static_cast<int>(absl::StatusCode::kUnknown),
+                   .sent = true});
+  }
+  return out;
+}
+
+struct CompareFlags {
+  std::string real, sim, real2;
+  double slo_ms = 25, pool_s = 30, warmup_s = 0;
+};
+
+// Fidelity: the simulated run against the real one over pooled windows (and, given a second real
+// run of the same trace, the real run-to-run spread beside it).
+int Compare(const CompareFlags& f) {
+  std::vector<std::vector<loadgen::Outcome>> runs;
+  for (const std::string& path : {f.real, f.sim, f.real2}) {
+    if (path.empty()) continue;
+    absl::StatusOr<std::vector<loadgen::Outcome>> o = ReadOutcomes(path);
+    if (!o.ok()) return Fail(path, o.status());
+    runs.push_back(std::move(*o));
+  }
+  const auto pool = static_cast<uint64_t>(f.pool_s * 1e9);
+  const auto warmup = static_cast<uint64_t>(f.warmup_s * 1e9);
+  std::vector<loadgen::Report> reports;
+  for (const auto& r : runs) reports.push_back(loadgen::Summarize(r, pool, f.slo_ms, warmup));
+  const bool spread = runs.size() == 3;
+  std::printf("%-8s %8s | %8s %8s %7s | %8s %8s %7s | %7s %7s %6s%s\n", "pool", "requests",
+              "real p50", "sim p50", "err", "real p99", "sim p99", "err", "real SLO", "sim SLO",
+              "diff", spread ? " | real2 p50  p99 err   SLO diff" : "");
+  auto row = [&](const char* name, const loadgen::Summary& a, const loadgen::Summary& b,
+                 const loadgen::Summary* c) {
+    auto rel = [](double x, double y) { return y > 0 ? 100 * (x - y) / y : 0.0; };
+    std::printf("%-8s %8llu | %8.2f %8.2f %6.1f%% | %8.2f %8.2f %6.1f%% | %6.2f%% %6.2f%% %+6.2f",
+                name, static_cast<unsigned long long>(a.requests), a.p50_ms, b.p50_ms,
+                rel(b.p50_ms, a.p50_ms), a.p99_ms, b.p99_ms, rel(b.p99_ms, a.p99_ms),
+                100 * a.slo_satisfaction, 100 * b.slo_satisfaction,
+                100 * (b.slo_satisfaction - a.slo_satisfaction));
+    if (c != nullptr) {
+      std::printf(" | %8.2f %7.2f %5.1f%% %+6.2f", c->p50_ms, c->p99_ms, rel(c->p99_ms, a.p99_ms),
+                  100 * (c->slo_satisfaction - a.slo_satisfaction));
+    }
+    std::printf("\n");
+  };
+  for (size_t w = 0; w < reports[0].windows.size() && w < reports[1].windows.size(); ++w) {
+    if (static_cast<uint64_t>(w + 1) * pool <= warmup) continue;  // inside the warm-up
+    row(absl::StrCat(w * static_cast<size_t>(f.pool_s), "s").c_str(), reports[0].windows[w],
+        reports[1].windows[w],
+        spread && w < reports[2].windows.size() ? &reports[2].windows[w] : nullptr);
+  }
+  row("overall", reports[0].overall, reports[1].overall, spread ? &reports[2].overall : nullptr);
+  return 0;
+}
+
+void CommonFlags(CLI::App* cmd, SimFlags* f) {
+  cmd->add_option("--trace", f->trace, "trace file (hlem workload generate)")->required();
+  cmd->add_option("--node-config", f->node_config, "the nodes' config (deploy/local/node.yaml)");
+  cmd->add_option("--costs", f->costs, "cost model file (sim/costs/*.yaml)");
+  cmd->add_option("--nodes", f->nodes, "serving nodes")->check(CLI::Range(1u, 4096u));
+  cmd->add_option("--router", f->router,
+                  "routing policy: hlem, round_robin, least_loaded, user_hash, kv_only, emb_only");
+  cmd->add_option("--slo-ms", f->slo_ms, "latency SLO (default: the node config's)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--warmup-s", f->warmup_s,
+                  "leave the trace's first N seconds out of the overall figures")
+      ->check(CLI::NonNegativeNumber);
+}
+
+}  // namespace
+
+void RegisterSimCommands(CLI::App& app, Run* run) {
+  CLI::App* sim = app.add_subcommand("sim", "the digital twin: replay a trace in simulation");
+  sim->require_subcommand(1);
+  auto r = std::make_shared<SimFlags>();
+  CLI::App* run_cmd = sim->add_subcommand("run", "replay a trace at one static α");
+  CommonFlags(run_cmd, r.get());
+  run_cmd->add_option("--alpha", r->alpha, "every node's α (EMB share of the pool)")
+      ->check(CLI::Range(0.0, 1.0));
+  run_cmd->add_option("--csv", r->csv, "write one row per request here");
+  run_cmd->add_option("--windows-csv", r->windows_csv, "write one row per window here");
+  run_cmd->callback([=] { *run = [=] { return RunSim(*r); }; });
+
+  auto s = std::make_shared<SimFlags>();
+  CLI::App* sweep = sim->add_subcommand("sweep", "one run per static α; the best α on the grid");
+  CommonFlags(sweep, s.get());
+  sweep->add_option("--alphas", s->alphas,
+                    "α values, comma or space separated (default: 0, 0.02, ..., 1)");
+  sweep->add_option("--csv", s->csv, "write one row per α here");
+  sweep->callback([=] { *run = [=] { return Sweep(*s); }; });
+
+  auto o = std::make_shared<SimFlags>();
+  CLI::App* oracle = sim->add_subcommand(
+      "oracle", "the offline-optimal alpha* of every decision window (forked snapshots)");
+  CommonFlags(oracle, o.get());
+  oracle
+      ->add_option("--follow", o->follow,
+                   "what the run applies between the forks: star (alpha* of each window) or "
+                   "static (--alpha)")
+      ->check(CLI::IsMember({"star", "static"}));
+  oracle->add_option("--alpha", o->alpha, "the starting alpha (and the static one)")
+      ->check(CLI::Range(0.0, 1.0));
+  oracle->add_option("--csv", o->csv, "write one row per window here (with its reward curve)");
+  oracle->callback([=] { *run = [=] { return Oracle(*o); }; });
+
+  auto c = std::make_shared<CompareFlags>();
+  CLI::App* compare = sim->add_subcommand(
+      "compare", "fidelity: a simulated run against a real one (per-request CSVs), pooled windows");
+  compare->add_option("--real", c->real, "hlem loadgen --csv of the real run")->required();
+  compare->add_option("--sim", c->sim, "hlem sim run --csv of the same trace")->required();
+  compare->add_option("--real2", c->real2, "a second real run of the trace (run-to-run spread)");
+  compare->add_option("--slo-ms", c->slo_ms, "latency SLO")->check(CLI::PositiveNumber);
+  compare->add_option("--pool-s", c->pool_s, "pool requests over windows of this length")
+      ->check(CLI::PositiveNumber);
+  compare->add_option("--warmup-s", c->warmup_s, "leave the first N seconds out")
+      ->check(CLI::NonNegativeNumber);
+  compare->callback([=] { *run = [=] { return Compare(*c); }; });
+}
+
+}  // namespace hlem::tools
