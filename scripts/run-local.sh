@@ -71,7 +71,7 @@ for regime in steady trend; do
 done
 "$hlem" workload stats "$run_dir/steady.trace"
 replay() {  # replay REGIME: the trace through the router, then the router's and nodes' views
-  "$hlem" loadgen --trace "$run_dir/$1.trace" --router "$router" --slo-ms 50 \
+  "$hlem" loadgen --trace "$run_dir/$1.trace" --router "$router" --slo-ms 25 \
     --deadline-ms 2000 --csv "$run_dir/$1-requests.csv" --windows-csv "$run_dir/$1-windows.csv"
   "$hlem" router state --server "$router"
   sleep 5.5  # let a statistics window close

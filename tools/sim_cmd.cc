@@ -214,9 +214,13 @@ int RunSim(const SimFlags& f) {
                   WriteFile(f.windows_csv, loadgen::WindowsCsv(r->report)));
 }
 
-// The reward of ARCHITECTURE §3 over the whole run: SLO-satisfied fraction − max(0, P99 − SLO)/SLO.
-double Reward(const loadgen::Summary& s, double slo_ms) {
-  return s.slo_satisfaction - std::max(0.0, s.p99_ms - slo_ms) / slo_ms;
+// The reward of ARCHITECTURE §3 over the whole run (sim::Reward: failures count as never
+// answered, so over 1 % of failures puts P99 at the cap).
+double RunReward(const loadgen::Summary& s, double slo_ms) {
+  const bool failing = s.requests > 0 && (s.requests - s.ok) * 100 > s.requests;
+  return sim::Reward(s.slo_satisfaction,
+                     failing ? absl::InfiniteDuration() : absl::Microseconds(s.p99_ms * 1e3),
+                     absl::Microseconds(slo_ms * 1e3));
 }
 
 int Sweep(const SimFlags& f) {
@@ -246,7 +250,7 @@ int Sweep(const SimFlags& f) {
     absl::StatusOr<RunResult> r = RunOnce(*s, alpha);
     if (!r.ok()) return Fail(absl::StrCat("run at alpha ", alpha), r.status());
     const loadgen::Summary& o = r->report.overall;
-    const double reward = Reward(o, s->slo_ms);
+    const double reward = RunReward(o, s->slo_ms);
     std::printf("%6.2f %9llu %9.2f %9.2f %9.2f %8.2f %8.1f %8.4f\n", alpha,
                 static_cast<unsigned long long>(o.requests), o.p50_ms, o.p90_ms, o.p99_ms,
                 100 * o.slo_satisfaction, 100 * o.kv_reuse, reward);

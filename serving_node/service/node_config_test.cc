@@ -13,8 +13,9 @@ TEST(NodeConfigTest, TheLocalProfileParses) {
   auto c = LoadNodeConfig(std::string(HLEM_SOURCE_DIR) + "/deploy/local/node.yaml");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->node.node_id, "node-0");
-  EXPECT_EQ(c->node.slo, absl::Milliseconds(50));
-  EXPECT_EQ(c->pool_bytes, 256ull << 20);
+  EXPECT_EQ(c->node.slo, absl::Milliseconds(25));  // calibrated: docs/calibration.md
+  EXPECT_EQ(c->pool_bytes, 64ull << 20);
+  EXPECT_EQ(c->link.bytes_per_second, 3.2e6);
   EXPECT_EQ(c->features.size(), 2u);
   EXPECT_EQ(c->shards.tables.size(), 3u);
   EXPECT_EQ(c->model.dim, 64u);

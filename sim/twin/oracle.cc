@@ -47,6 +47,7 @@ Child Fork(Twin& twin, double alpha, absl::Duration from, absl::Duration to,
   }
   if (pid == 0) {
     close(fds[0]);
+    twin.SealSource();  // the trace file's offset is shared with the parent
     double reward = std::nan("");
     if (twin.SetAlpha(alpha).ok()) {
       twin.RunUntil(to);
@@ -85,27 +86,29 @@ double WindowReward(const std::vector<TwinOutcome>& outcomes, absl::Duration fro
   const auto lo = static_cast<uint64_t>(absl::ToInt64Nanoseconds(from));
   const auto hi = static_cast<uint64_t>(absl::ToInt64Nanoseconds(to));
   const auto slo_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(slo));
-  std::vector<uint64_t> ok;
-  uint64_t requests = 0, satisfied = 0;
+  std::vector<uint64_t> latencies;  // a failed request counts as never answered
+  uint64_t satisfied = 0;
   for (const TwinOutcome& o : outcomes) {
     if (o.sent_ns < lo) continue;
     if (o.sent_ns >= hi) break;
-    ++requests;
-    if (o.code != absl::StatusCode::kOk) continue;
-    ok.push_back(o.latency_ns);
-    satisfied += o.latency_ns <= slo_ns;
+    const bool ok = o.code == absl::StatusCode::kOk;
+    latencies.push_back(ok ? o.latency_ns : UINT64_MAX);
+    satisfied += ok && o.latency_ns <= slo_ns;
   }
-  if (requests == 0) return 0;
-  double p99 = 0;
-  if (!ok.empty()) {
-    const size_t k =
-        std::min(ok.size() - 1, static_cast<size_t>(0.99 * static_cast<double>(ok.size())));
-    std::nth_element(ok.begin(), ok.begin() + static_cast<std::ptrdiff_t>(k), ok.end());
-    p99 = static_cast<double>(ok[k]);
-  }
-  const double slo_d = static_cast<double>(slo_ns);
-  return static_cast<double>(satisfied) / static_cast<double>(requests) -
-         std::max(0.0, p99 - slo_d) / slo_d;
+  if (latencies.empty()) return 0;
+  const size_t k = std::min(latencies.size() - 1,
+                            static_cast<size_t>(0.99 * static_cast<double>(latencies.size())));
+  std::nth_element(latencies.begin(), latencies.begin() + static_cast<std::ptrdiff_t>(k),
+                   latencies.end());
+  return Reward(static_cast<double>(satisfied) / static_cast<double>(latencies.size()),
+                latencies[k] == UINT64_MAX ? absl::InfiniteDuration()
+                                           : absl::Nanoseconds(static_cast<int64_t>(latencies[k])),
+                slo);
+}
+
+double Reward(double slo_satisfied, absl::Duration p99, absl::Duration slo) {
+  const double norm = std::min(absl::FDivDuration(p99, slo), kRewardP99Cap);
+  return slo_satisfied - std::max(0.0, norm - 1.0);
 }
 
 absl::StatusOr<std::vector<WindowOracle>> WindowAlphaStar(
@@ -119,6 +122,8 @@ absl::StatusOr<std::vector<WindowOracle>> WindowAlphaStar(
   for (uint64_t w = 0; !twin.done(); ++w) {
     const absl::Duration from = o.window * static_cast<int64_t>(w), to = from + o.window;
     twin.RunUntil(from);
+    // Every request a child may see, read by the parent before it forks.
+    twin.Prefetch(to + o.drain + absl::Seconds(1));
     WindowOracle result{.window = w};
     // Evaluates the candidates not evaluated yet, `parallel` children at a time.
     auto evaluate = [&](const std::vector<double>& alphas) -> absl::Status {

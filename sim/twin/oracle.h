@@ -1,7 +1,8 @@
 #pragma once
 // The offline-optimal α*_t of every decision window (ARCHITECTURE §8): at the start of window t
 // the whole twin is forked (fork(2): a copy-on-write snapshot of the single-threaded simulation)
-// once per candidate α; each child pushes its α to every node (a metadata change as the
+// once per candidate α (the trace read ahead to past the window's drain first: a child reads
+// nothing from the trace's file); each child pushes its α to every node (a metadata change as the
 // allocator's; the refill it starts and the KV it reclaims are part of its cost), runs to the end
 // of the window and until every request sent in it has its outcome, and reports the window's
 // reward; every child sees the same requests (the trace) and the same state (common random
@@ -9,7 +10,9 @@
 // (α*_t itself for the oracle trajectory, or a controller's) and goes on.
 //
 // Reward of a window (ARCHITECTURE §3): over the requests sent in it, the SLO-satisfied fraction
-// (OK within the SLO) − max(0, P99 − SLO) ÷ SLO (P99 of the OK answers); 0 for an empty window.
+// (OK within the SLO) − max(0, P99 − SLO) ÷ SLO, where a failed request counts as never answered
+// in the P99 and P99 ÷ SLO is capped at 4 (the node's p99_norm cap), so a window that fails is
+// the worst, never better than one that is slow; 0 for an empty window.
 //
 // Search: a coarse grid (coarse_step) over [lo, hi]; when that curve has one local maximum
 // (unimodal) the fine grid (fine_step) is evaluated only within one coarse step of its best, and
@@ -46,6 +49,9 @@ struct WindowOracle {
   std::vector<std::pair<double, double>> curve;  // (α, reward), ascending α
 };
 
+inline constexpr double kRewardP99Cap = 4.0;
+// The reward from its two parts (p99: InfiniteDuration when over 1 % of the requests failed).
+double Reward(double slo_satisfied, absl::Duration p99, absl::Duration slo);
 // Reward of the requests sent in [from, to) (outcomes of the twin's trace so far).
 double WindowReward(const std::vector<TwinOutcome>& outcomes, absl::Duration from,
                     absl::Duration to, absl::Duration slo);

@@ -95,9 +95,30 @@ absl::Status Twin::Build() {
   return absl::OkStatus();
 }
 
+bool Twin::ReadSource(TraceRequest* out) {
+  if (!ahead_.empty()) {
+    *out = std::move(ahead_.front());
+    ahead_.pop_front();
+    return true;
+  }
+  return !sealed_ && next_(out);
+}
+
+void Twin::Prefetch(absl::Duration until) {
+  const auto limit = static_cast<uint64_t>(absl::ToInt64Nanoseconds(until));
+  while (!sealed_ && !source_done_ && (ahead_.empty() || ahead_.back().t_ns < limit)) {
+    TraceRequest r;
+    if (!next_(&r)) {
+      source_done_ = true;
+      break;
+    }
+    ahead_.push_back(std::move(r));
+  }
+}
+
 bool Twin::ScheduleNext() {
   auto r = std::make_shared<Request>();
-  if (trace_done_ || !next_(&r->trace)) {
+  if (trace_done_ || (source_done_ && ahead_.empty()) || !ReadSource(&r->trace)) {
     trace_done_ = true;
     return false;
   }

@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -90,6 +91,11 @@ class Twin {
   // True when every request sent before `t` after the start has its outcome.
   bool AnsweredBefore(absl::Duration t) const;
   absl::Duration elapsed() { return clock_.Now() - start_; }
+  // Reads the trace ahead into memory up to `until` after the start; SealSource() then stops all
+  // further reading from the source (a forked copy of the twin must not move the file offset it
+  // shares with its parent): the trace ends, for this copy, where the read-ahead ends.
+  void Prefetch(absl::Duration until);
+  void SealSource() { sealed_ = true; }
   // Pushes α to every node (or one), as the allocator does: a fresh decision id each time.
   absl::Status SetAlpha(double alpha);
   absl::Status SetAlpha(size_t node, double alpha);
@@ -108,6 +114,7 @@ class Twin {
   absl::Status Build();
   // Reads the next request and schedules its arrival; false at the end of the trace.
   bool ScheduleNext();
+  bool ReadSource(TraceRequest* out);  // the read-ahead first, then the source
   // Routes (attempt 0, or the router's one retry on UNAVAILABLE / RESOURCE_EXHAUSTED elsewhere).
   void Dispatch(std::shared_ptr<Request> r, int attempt);
   void Record(const Request& r);
@@ -120,7 +127,9 @@ class Twin {
   std::unique_ptr<router::Cluster> router_;
   std::vector<TwinOutcome> outcomes_;
   std::function<bool(TraceRequest*)> next_;
-  bool started_ = false, finished_ = false, trace_done_ = false;
+  std::deque<TraceRequest> ahead_;  // Prefetch's read-ahead
+  bool started_ = false, finished_ = false, trace_done_ = false, sealed_ = false,
+       source_done_ = false;
   uint64_t read_ = 0, answered_ = 0, last_t_ns_ = 0, timers_ = 0, decision_ = 0;
   std::chrono::steady_clock::time_point wall_start_;
   absl::Status trace_error_;
