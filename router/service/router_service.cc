@@ -158,7 +158,7 @@ grpc::Status RouterServiceImpl::Route(grpc::ServerContext* context,
       response->set_emb_misses(out.emb_misses());
       response->set_stale_kv_hit(out.stale_kv_hit());
       response->set_route_seconds(route_seconds);
-      response->set_node_seconds(out.timings().total_seconds());
+      *response->mutable_node_timings() = out.timings();
       response->set_total_seconds(absl::ToDoubleSeconds(absl::Now() - received));
       return grpc::Status::OK;
     }

@@ -29,6 +29,7 @@ struct SimExecutor::Job {
   std::vector<Table> tables;
   uint32_t copies_in_flight = 0;
   bool fetches_done = false;
+  absl::Time copy_wait_from;
 };
 
 SimExecutor::SimExecutor(const SimNodeOptions& options, const CostModel& costs,
@@ -213,6 +214,7 @@ void SimExecutor::FetchFrom(Job& job, size_t table) {
   while (table < job.tables.size() && job.tables[table].fetch.empty()) ++table;
   if (table == job.tables.size()) {
     job.fetches_done = true;
+    job.copy_wait_from = clock_.Now();
     if (job.copies_in_flight == 0) Prepared(job);
     return;
   }
@@ -266,6 +268,11 @@ void SimExecutor::CopyDone(Job& job) {
 }
 
 void SimExecutor::Prepared(Job& job) {
+  if (job.fetches_done) {
+    // Waiting for the request's copies after its last fetch (the pipeline's copy stage).
+    job.out.copy_seconds = clock_.Now() - job.copy_wait_from;
+    job.out.emb_seconds += job.out.copy_seconds;
+  }
   for (const Job::Table& t : job.tables) {
     if (!t.reserved.empty()) (void)parts_.emb->Commit(t.table_id, t.reserved);
   }

@@ -1,5 +1,6 @@
 #include "sim/twin/twin.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -184,6 +185,18 @@ void Twin::Dispatch(std::shared_ptr<Request> r, int attempt) {
           o.emb_hits = out->emb_hits;
           o.emb_misses = out->emb_misses;
           o.stale_kv_hit = out->stale_kv_hit;
+          // The node service's split (node_service.cc): lookup = emb - fetch - copy; queue = the
+          // rest.
+          auto ns = [](absl::Duration d) {
+            return static_cast<uint64_t>(std::max<int64_t>(0, absl::ToInt64Nanoseconds(d)));
+          };
+          o.fetch_ns = ns(out->fetch_seconds);
+          o.copy_ns = ns(out->copy_seconds);
+          o.lookup_ns = ns(out->emb_seconds - out->fetch_seconds - out->copy_seconds);
+          o.compute_ns = ns(out->compute_seconds);
+          o.kv_ns = ns(out->kv_seconds);
+          const uint64_t accounted = ns(out->emb_seconds + out->compute_seconds + out->kv_seconds);
+          o.queue_ns = o.node_ns > accounted ? o.node_ns - accounted : 0;
           if (out->stale_kv_hit) router_->Forget(n, r->trace.user);
         } else if (attempt == 0 && (o.code == absl::StatusCode::kUnavailable ||
                                     o.code == absl::StatusCode::kResourceExhausted)) {

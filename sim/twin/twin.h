@@ -48,6 +48,8 @@ struct TwinOutcome {
   uint64_t latency_ns = 0;
   uint64_t router_ns = 0;  // router receipt to response (latency - the client's hops)
   uint64_t node_ns = 0;    // node receipt to answer
+  // How the node spent it, as the real node reports it (InferTimings).
+  uint64_t queue_ns = 0, lookup_ns = 0, fetch_ns = 0, copy_ns = 0, compute_ns = 0, kv_ns = 0;
   absl::StatusCode code = absl::StatusCode::kUnknown;
   std::string message;
   uint64_t user = 0;

@@ -36,7 +36,9 @@ router="127.0.0.1:$(awk '$1 == "router" {print $4}' "$run/cluster.state")"
   --fail-on-error --quiet --csv "$run/requests.csv"
 # One CSV row per trace request, all OK.
 requests=$(($(wc -l <"$run/requests.csv") - 1))
-ok=$(awk -F, 'NR > 1 && $5 == "OK"' "$run/requests.csv" | wc -l)
+# The code column found by its header name (columns get added).
+ok=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "code") c = i; next } $c == "OK"' \
+  "$run/requests.csv" | wc -l)
 echo "requests $requests, OK $ok"
 [ "$requests" -gt 200 ] && [ "$ok" -eq "$requests" ]
 

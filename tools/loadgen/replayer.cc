@@ -122,7 +122,15 @@ void Replayer::Record(const Call& call, const grpc::Status& status, absl::Time n
     o.computed_tokens = r.computed_tokens();
     o.stale_kv_hit = r.stale_kv_hit();
     o.router_ns = static_cast<uint64_t>(r.total_seconds() * 1e9);
-    o.node_ns = static_cast<uint64_t>(r.node_seconds() * 1e9);
+    const v1::InferTimings& t = r.node_timings();
+    auto ns = [](double s) { return static_cast<uint64_t>(s * 1e9); };
+    o.node_ns = ns(t.total_seconds());
+    o.stages = {.queue_ns = ns(t.queue_seconds()),
+                .lookup_ns = ns(t.emb_lookup_seconds()),
+                .fetch_ns = ns(t.emb_fetch_seconds()),
+                .copy_ns = ns(t.copy_seconds()),
+                .compute_ns = ns(t.compute_seconds()),
+                .kv_ns = ns(t.kv_append_seconds())};
     o.retried = r.retried();
     // The answer names the history as it was when sent; valid while no event was added since.
     if (u.in_flight == 0 && r.next_prefix().length() == u.history.size() / F_) {

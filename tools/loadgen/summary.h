@@ -20,8 +20,11 @@ struct Outcome {
   uint64_t latency_ns = 0;    // sent to answered
   uint64_t router_ns = 0;     // of which at the router (receipt to response; OK answers)
   uint64_t node_ns = 0;       // of which at the node that answered (OK answers)
-  int code = -1;              // absl::StatusCode; -1 = no outcome (a bug: never left so)
-  std::string message;        // the error's message (empty when OK)
+  struct Stages {             // how the node spent node_ns (InferTimings)
+    uint64_t queue_ns = 0, lookup_ns = 0, fetch_ns = 0, copy_ns = 0, compute_ns = 0, kv_ns = 0;
+  } stages;
+  int code = -1;        // absl::StatusCode; -1 = no outcome (a bug: never left so)
+  std::string message;  // the error's message (empty when OK)
   uint64_t user = 0;
   std::string node;
   double h_kv = 0, h_emb = 0;
