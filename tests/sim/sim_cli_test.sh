@@ -2,7 +2,9 @@
 # The digital twin from the CLI (issue 6): `hlem sim run` on a generated trace of the local
 # profile answers every request; the same trace, seed and commit give the same event-log hash in
 # two separate processes (different address-space layouts, so hash-map seeds differ); another α
-# gives another hash; bad input is a clear error with exit code 2.
+# gives another hash; `hlem sim compare` of a run against itself differs by nothing; bad input
+# (a missing trace, a bad cost file, a file that is not an outcome CSV, α outside [0, 1]) is a
+# clear error with exit code 2.
 # Usage: sim_cli_test.sh <build dir> <source dir>
 set -euo pipefail
 build=$1
@@ -55,4 +57,18 @@ set -e
   cat "$dir/err.txt" >&2
   exit 1
 }
+# compare: a run against itself differs by nothing; a file that is not an outcome CSV is refused.
+"$hlem" sim compare --real "$dir/a.csv" --sim "$dir/a.csv" --pool-s 5 >"$dir/cmp.txt"
+grep -q '^overall .* 0.0% .* 0.0% .* +0.00' "$dir/cmp.txt" || { cat "$dir/cmp.txt" >&2; exit 1; }
+set +e
+"$hlem" sim compare --real "$dir/a.txt" --sim "$dir/a.csv" 2>"$dir/err.txt"
+code=$?
+"$hlem" sim sweep --trace "$dir/t.trace" --node-config "$src/deploy/local/node.yaml" \
+  --costs "$costs" --alphas "0.5,2" 2>"$dir/err2.txt"
+code2=$?
+set -e
+[ "$code" = 2 ] && grep -q "not a per-request outcome CSV" "$dir/err.txt" || {
+  echo "compare of a bad CSV: exit $code" >&2; cat "$dir/err.txt" >&2; exit 1; }
+[ "$code2" = 2 ] && grep -q -- "--alphas" "$dir/err2.txt" || {
+  echo "sweep with alpha 2: exit $code2" >&2; cat "$dir/err2.txt" >&2; exit 1; }
 echo "sim CLI: $requests requests, hash $(hash "$dir/a.txt") twice, $(hash "$dir/c.txt") at alpha 0.9"
