@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "gtest/gtest.h"
 
@@ -19,7 +20,7 @@ class ClusterTest : public ::testing::Test {
     o.scorer = {.c_kv = 2, .c_emb = 1, .c_load = 1};
     cluster_ = *Cluster::Create(o, clock_);
     for (int i = 0; i < 3; ++i) {
-      nodes_[i] = *cluster_->AddNode("n" + std::to_string(i), "addr" + std::to_string(i));
+      nodes_[i] = *cluster_->AddNode(absl::StrCat("n", i), absl::StrCat("addr", i));
       cluster_->Reset(nodes_[i], {.epoch = 100 + static_cast<uint64_t>(i), .load = {.load = 0.1}});
       seq_[i] = 0;
     }
@@ -199,7 +200,7 @@ TEST_F(ClusterTest, IndexMemoryAt32NodesAnd6000UsersEach) {
   auto cluster = *Cluster::Create(o, clock);
   uint64_t user = 0;
   for (int n = 0; n < 32; ++n) {
-    const int node = *cluster->AddNode("n" + std::to_string(n), "");
+    const int node = *cluster->AddNode(absl::StrCat("n", n), "");
     serving::ResidencySnapshot s{.epoch = 1, .seq = 0};
     for (int u = 0; u < 6000; ++u) s.users.push_back({user++, 10});
     for (uint64_t shard = 0; shard < 200; ++shard) s.shards.push_back({0, shard * 32 + n});

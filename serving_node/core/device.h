@@ -73,6 +73,12 @@ class Device {
   virtual void CopyToPool(CopyClass cls, CopyPurpose purpose, const std::byte* src,
                           uint64_t pool_offset, size_t bytes,
                           std::function<void(absl::Status)> done) = 0;
+  // The same into a buffer from AllocBuffer, at `offset`: rows a request uses without caching
+  // them still cross the link (a device computes on device memory). INVALID_ARGUMENT (via done)
+  // when the range leaves the buffer.
+  virtual void CopyToBuffer(CopyClass cls, CopyPurpose purpose, const std::byte* src,
+                            DeviceBuffer& dst, size_t offset, size_t bytes,
+                            std::function<void(absl::Status)> done) = 0;
   // Reads pool bytes back to host memory synchronously (tests, tools, the CPU model runner).
   virtual absl::Status ReadPool(uint64_t pool_offset, std::byte* dst, size_t bytes) = 0;
 

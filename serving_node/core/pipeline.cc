@@ -126,17 +126,15 @@ absl::Status CheckInferInput(const PipelineOptions& options, const InferInput& i
   return absl::OkStatus();
 }
 
-namespace {
-
 // Waits for a set of device copies; records the first failure. Shared with the callbacks, which
-// also keep their source bytes alive: after a timeout the request returns, and a late copy must
-// still find both.
-class CopyWaiter : public std::enable_shared_from_this<CopyWaiter> {
+// also keep their source bytes (and destination buffer) alive: after a timeout the request
+// returns, and a late copy must still find them.
+class Pipeline::CopyWaiter : public std::enable_shared_from_this<CopyWaiter> {
  public:
-  std::function<void(absl::Status)> Add(std::shared_ptr<const std::vector<std::byte>> source) {
+  std::function<void(absl::Status)> Add(std::shared_ptr<const void> keep) {
     absl::MutexLock lock(&mu_);
     ++left_;
-    return [self = shared_from_this(), source = std::move(source)](absl::Status st) {
+    return [self = shared_from_this(), keep = std::move(keep)](absl::Status st) {
       absl::MutexLock lock(&self->mu_);
       if (!st.ok() && self->error_.ok()) self->error_ = st;
       --self->left_;
@@ -159,7 +157,42 @@ class CopyWaiter : public std::enable_shared_from_this<CopyWaiter> {
   absl::Status error_ ABSL_GUARDED_BY(mu_);
 };
 
-}  // namespace
+void Pipeline::CopyMisses(uint32_t table, std::span<const uint64_t> miss_rows,
+                          std::span<const size_t> miss_at, std::span<const std::byte> fetched,
+                          CopyWaiter* copies, std::vector<bool>* cached,
+                          std::vector<Admitted>* admitted) {
+  // RESOURCE_EXHAUSTED part-way leaves the rows before it reserved; the rest are used without
+  // being cached.
+  EmbReservation reservation;
+  (void)emb_.ReserveBatch(table, miss_rows, &reservation);
+  Admitted adm{table, {}};
+  // One copy per run of consecutive slots (a fresh slab hands out consecutive slots), from a
+  // staging buffer in slot order: every copy pays the link's per-transfer latency.
+  std::vector<uint32_t> order(reservation.reserved_positions.begin(),
+                              reservation.reserved_positions.end());
+  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+    return reservation.offsets[a] < reservation.offsets[b];
+  });
+  auto staging = std::make_shared<std::vector<std::byte>>(order.size() * row_bytes_);
+  for (size_t i = 0; i < order.size(); ++i) {
+    adm.rows.push_back(miss_rows[order[i]]);
+    (*cached)[miss_at[order[i]]] = true;
+    std::memcpy(staging->data() + i * row_bytes_, fetched.data() + miss_at[order[i]] * row_bytes_,
+                row_bytes_);
+  }
+  for (size_t begin = 0, i = 1; i <= order.size(); ++i) {
+    if (i < order.size() &&
+        reservation.offsets[order[i]] == reservation.offsets[order[i - 1]] + row_bytes_ &&
+        (i - begin) * row_bytes_ < options_.max_copy_bytes) {
+      continue;
+    }
+    device_.CopyToPool(CopyClass::kCritical, CopyPurpose::kEmbMiss,
+                       staging->data() + begin * row_bytes_, reservation.offsets[order[begin]],
+                       (i - begin) * row_bytes_, copies->Add(staging));
+    begin = i;
+  }
+  if (!adm.rows.empty()) admitted->push_back(std::move(adm));
+}
 
 absl::Status Pipeline::Embed(std::span<const uint64_t> ids, absl::Time deadline, InferOutput* info,
                              std::vector<float>* history_out, size_t history_tokens,
@@ -182,14 +215,9 @@ absl::Status Pipeline::Embed(std::span<const uint64_t> ids, absl::Time deadline,
   std::vector<uint64_t> pool_offset(distinct.size(), kEmbMiss);
   std::vector<const std::byte*> host_row(distinct.size(), nullptr);
   std::vector<std::shared_ptr<std::vector<std::byte>>> fetched;  // alive until the sums are done
-  struct Admitted {
-    uint32_t table;
-    std::vector<uint64_t> rows;
-  };
   std::vector<Admitted> admitted;
   auto copies = std::make_shared<CopyWaiter>();
   EmbLookupResult lookup;
-  EmbReservation reservation;
   for (auto& [table, members] : by_table) {
     std::vector<uint64_t> rows(members.size());
     for (size_t k = 0; k < members.size(); ++k) rows[k] = distinct[members[k]].id;
@@ -234,36 +262,31 @@ absl::Status Pipeline::Embed(std::span<const uint64_t> ids, absl::Time deadline,
         miss_at.push_back(k);
       }
     }
-    if (miss_rows.empty()) continue;
-    // RESOURCE_EXHAUSTED part-way leaves the rows before it reserved; the rest are served from
-    // the fetched bytes without being cached.
-    (void)emb_.ReserveBatch(table, miss_rows, &reservation);
-    Admitted adm{table, {}};
-    // One copy per run of consecutive slots (a fresh slab hands out consecutive slots), from a
-    // staging buffer in slot order: every copy pays the link's per-transfer latency.
-    std::vector<uint32_t> order(reservation.reserved_positions.begin(),
-                                reservation.reserved_positions.end());
-    std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
-      return reservation.offsets[a] < reservation.offsets[b];
-    });
-    auto staging = std::make_shared<std::vector<std::byte>>(order.size() * row_bytes_);
-    for (size_t i = 0; i < order.size(); ++i) {
-      adm.rows.push_back(miss_rows[order[i]]);
-      std::memcpy(staging->data() + i * row_bytes_, buffer.data() + miss_at[order[i]] * row_bytes_,
-                  row_bytes_);
+    std::vector<bool> cached(need.size(), false);  // reserved a slot, copied to it below
+    if (!miss_rows.empty()) {
+      CopyMisses(table, miss_rows, miss_at, buffer, copies.get(), &cached, &admitted);
     }
-    for (size_t begin = 0, i = 1; i <= order.size(); ++i) {
-      if (i < order.size() &&
-          reservation.offsets[order[i]] == reservation.offsets[order[i - 1]] + row_bytes_ &&
-          (i - begin) * row_bytes_ < options_.max_copy_bytes) {
-        continue;
+    // Rows the cache did not take (no room, or pending under another request's copy) still
+    // cross the link to be used, in one staged copy: a device computes on device memory.
+    std::vector<size_t> uncached;
+    for (size_t k = 0; k < need.size(); ++k) {
+      if (!cached[k]) uncached.push_back(k);
+    }
+    if (!uncached.empty()) {
+      struct Staged {
+        std::vector<std::byte> bytes;
+        std::unique_ptr<DeviceBuffer> buffer;
+      };
+      auto staged = std::make_shared<Staged>();
+      staged->bytes.resize(uncached.size() * row_bytes_);
+      for (size_t i = 0; i < uncached.size(); ++i) {
+        std::memcpy(staged->bytes.data() + i * row_bytes_, buffer.data() + uncached[i] * row_bytes_,
+                    row_bytes_);
       }
-      device_.CopyToPool(CopyClass::kCritical, CopyPurpose::kEmbMiss,
-                         staging->data() + begin * row_bytes_, reservation.offsets[order[begin]],
-                         (i - begin) * row_bytes_, copies->Add(staging));
-      begin = i;
+      ASSIGN_OR_RETURN(staged->buffer, device_.AllocBuffer(staged->bytes.size()));
+      device_.CopyToBuffer(CopyClass::kCritical, CopyPurpose::kEmbMiss, staged->bytes.data(),
+                           *staged->buffer, 0, staged->bytes.size(), copies->Add(staged));
     }
-    if (!adm.rows.empty()) admitted.push_back(std::move(adm));
   }
   // The request's rows must be on the device before the gather.
   const absl::Time copy_start = clock_.Now();
@@ -278,6 +301,10 @@ absl::Status Pipeline::Embed(std::span<const uint64_t> ids, absl::Time deadline,
     absl::Status st =
         copy_error.ok() ? emb_.Commit(adm.table, adm.rows) : emb_.Abort(adm.table, adm.rows);
     if (!st.ok()) return absl::InternalError(absl::StrCat("admitting rows: ", st.message()));
+  }
+  if (!copy_error.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("copying embedding rows to the device: ", copy_error.message()));
   }
   // Gather the rows that are in the pool (hits) into one batch.
   std::vector<uint64_t> gather_offsets;

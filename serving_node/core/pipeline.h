@@ -147,6 +147,16 @@ class Pipeline {
   absl::Status Prepare(const InferInput& in, Prepared* p);
   // Commits (or aborts) the request's append and unpins its user.
   void Release(Prepared& p, bool commit);
+  class CopyWaiter;
+  struct Admitted {  // rows of one table given slots, committed once their copies landed
+    uint32_t table;
+    std::vector<uint64_t> rows;
+  };
+  // Reserves EMB slots for a table's missed rows (fetched[miss_at[i]] holds miss_rows[i]) and
+  // copies the reserved ones over the link as critical transfers; marks them in `cached`.
+  void CopyMisses(uint32_t table, std::span<const uint64_t> miss_rows,
+                  std::span<const size_t> miss_at, std::span<const std::byte> fetched,
+                  CopyWaiter* copies, std::vector<bool>* cached, std::vector<Admitted>* admitted);
   // Sums the features' rows of tokens [first, last) of `ids` (F per token) into out (dim each).
   absl::Status Embed(std::span<const uint64_t> ids, absl::Time deadline, InferOutput* info,
                      std::vector<float>* history_out, size_t history_tokens,

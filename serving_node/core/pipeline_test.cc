@@ -25,7 +25,7 @@ using namespace ::hlem::serving::testing;  // NOLINT: the fakes
 class PipelineTest : public ::testing::Test {
  protected:
   void SetUp() override { Build({}); }
-  void Build(PipelineOptions options) {
+  void Build(PipelineOptions options, uint32_t emb_pages = 16) {
     pipeline_.reset();
     emb_.reset();
     kv_.reset();
@@ -37,7 +37,8 @@ class PipelineTest : public ::testing::Test {
                            clock_);
     kv_ = *KvCache::Create({.layers = 1, .kv_dim = kDim, .dtype_bytes = 4, .budget_pages = 32},
                            *pool_, nullptr, clock_);
-    emb_ = *EmbCache::Create({.tables = {{0, kDim * 4}, {1, kDim * 4}}, .budget_pages = 16}, *pool_,
+    emb_ = *EmbCache::Create({.tables = {{0, kDim * 4}, {1, kDim * 4}}, .budget_pages = emb_pages},
+                             *pool_,
                              clock_);
     options.features = kFeatures;
     if (options.max_history == 4096) options.max_history = 1000;
@@ -86,6 +87,30 @@ TEST_F(PipelineTest, ReturningUserComputesOnlyTheNewTokens) {
   EXPECT_LE(source_.fetched_rows - fetched_before, 20u);  // at most the new events' rows
   EXPECT_TRUE(kv_->CheckInvariants().ok()) << kv_->CheckInvariants();
   EXPECT_TRUE(emb_->CheckInvariants().ok()) << emb_->CheckInvariants();
+}
+
+// A fetched row crosses the link whether or not the EMB cache takes it (a device computes on
+// device memory): into its slot when admitted, into scratch when not, e.g. at α = 0.
+TEST_F(PipelineTest, EveryFetchedRowCrossesTheLink) {
+  constexpr uint64_t kRowBytes = kDim * 4;
+  for (uint32_t emb_pages : {0u, 16u}) {
+    SCOPED_TRACE(emb_pages);
+    Build({}, emb_pages);
+    Rng rng(11);
+    const std::vector<uint64_t> history = Events(rng, 80);
+    const std::vector<uint64_t> cand = Events(rng, 5);
+    auto out = pipeline_->Infer(Input(3, history, cand));
+    ASSERT_TRUE(out.ok()) << out.status();
+    ExpectNear(out->scores, Expected(history, cand));
+    ASSERT_GT(out->emb_misses, 0u);
+    const DeviceCopyStats stats = device_->stats();
+    const int miss = static_cast<int>(CopyPurpose::kEmbMiss);
+    EXPECT_EQ(stats.bytes[miss], out->emb_misses * kRowBytes);
+    if (emb_pages == 0) {
+      EXPECT_EQ(out->emb_hits, 0u);
+      EXPECT_EQ(stats.copies[miss], 2u);  // one staged copy per table
+    }
+  }
 }
 
 TEST_F(PipelineTest, AChangedHistoryIsRecomputedNotServedStale) {

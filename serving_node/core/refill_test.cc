@@ -61,6 +61,10 @@ class FlakyDevice final : public Device {
     }
     inner_.CopyToPool(cls, purpose, src, pool_offset, bytes, std::move(done));
   }
+  void CopyToBuffer(CopyClass cls, CopyPurpose purpose, const std::byte* src, DeviceBuffer& dst,
+                    size_t offset, size_t bytes, std::function<void(absl::Status)> done) override {
+    inner_.CopyToBuffer(cls, purpose, src, dst, offset, bytes, std::move(done));
+  }
   absl::Status ReadPool(uint64_t off, std::byte* dst, size_t bytes) override {
     return inner_.ReadPool(off, dst, bytes);
   }

@@ -43,6 +43,25 @@ void CpuDevice::CopyToPool(CopyClass cls, CopyPurpose purpose, const std::byte* 
   });
 }
 
+void CpuDevice::CopyToBuffer(CopyClass cls, CopyPurpose purpose, const std::byte* src,
+                             DeviceBuffer& dst, size_t offset, size_t bytes,
+                             std::function<void(absl::Status)> done) {
+  if (absl::Status st = CheckBufferRange("CopyToBuffer", dst, offset, bytes); !st.ok()) {
+    done(st);
+    return;
+  }
+  link_->Submit(cls, bytes,
+                [this, purpose, src, at = dst.data() + offset, bytes, done = std::move(done)] {
+                  std::memcpy(at, src, bytes);
+                  {
+                    absl::MutexLock lock(&mu_);
+                    ++stats_.copies[static_cast<int>(purpose)];
+                    stats_.bytes[static_cast<int>(purpose)] += bytes;
+                  }
+                  done(absl::OkStatus());
+                });
+}
+
 absl::Status CpuDevice::ReadPool(uint64_t pool_offset, std::byte* dst, size_t bytes) {
   if (pool_offset > pool_bytes_ || bytes > pool_bytes_ - pool_offset) {
     return absl::InvalidArgumentError(

@@ -47,6 +47,28 @@ TEST(CpuDeviceTest, OutOfPoolCopiesAreRejected) {
   EXPECT_FALSE(CpuDevice::Create({.pool_bytes = 0}, clock).ok());
 }
 
+TEST(CpuDeviceTest, BufferCopiesCrossTheLinkToo) {
+  SimClock clock;
+  auto device = *CpuDevice::Create(
+      {.pool_bytes = 4096, .link = {.bytes_per_second = 1e9, .latency = absl::Microseconds(1)}},
+      clock);
+  auto buffer = *device->AllocBuffer(64);
+  std::vector<std::byte> src(32, std::byte{7});
+  absl::Status result = absl::UnknownError("not called");
+  device->CopyToBuffer(CopyClass::kCritical, CopyPurpose::kEmbMiss, src.data(), *buffer, 16, 32,
+                       [&](absl::Status s) { result = s; });
+  EXPECT_EQ(result.code(), absl::StatusCode::kUnknown);  // on the link, not yet landed
+  clock.AdvanceBy(absl::Microseconds(2));
+  EXPECT_TRUE(result.ok()) << result;
+  std::vector<std::byte> back(32);
+  ASSERT_TRUE(device->ReadBuffer(*buffer, 16, back.data(), back.size()).ok());
+  EXPECT_EQ(back, src);
+  EXPECT_EQ(device->stats().bytes[static_cast<int>(CopyPurpose::kEmbMiss)], 32u);
+  device->CopyToBuffer(CopyClass::kCritical, CopyPurpose::kEmbMiss, src.data(), *buffer, 48, 32,
+                       [&](absl::Status s) { result = s; });
+  EXPECT_EQ(result.code(), absl::StatusCode::kInvalidArgument) << result;
+}
+
 std::byte PoolByte(uint64_t i) { return static_cast<std::byte>(Mix64(i) & 0xff); }
 
 std::unique_ptr<CpuDevice> PatternDevice(SimClock& clock, uint64_t bytes) {

@@ -77,6 +77,27 @@ void CudaDevice::CopyToPool(CopyClass cls, CopyPurpose purpose, const std::byte*
                     [done = std::move(done)](cuda::CudaResult r) { done(ToStatus(r)); });
 }
 
+void CudaDevice::CopyToBuffer(CopyClass cls, CopyPurpose purpose, const std::byte* src,
+                              DeviceBuffer& dst, size_t offset, size_t bytes,
+                              std::function<void(absl::Status)> done) {
+  for (absl::Status st :
+       {CheckOwn("CopyToBuffer", dst), CheckBufferRange("CopyToBuffer", dst, offset, bytes)}) {
+    if (!st.ok()) {
+      done(st);
+      return;
+    }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    ++stats_.copies[static_cast<int>(purpose)];
+    stats_.bytes[static_cast<int>(purpose)] += bytes;
+  }
+  pool_->CopyToDevice(cls == CopyClass::kCritical ? cuda::CudaCopyClass::kCritical
+                                                  : cuda::CudaCopyClass::kBackground,
+                      src, dst.data() + offset, bytes,
+                      [done = std::move(done)](cuda::CudaResult r) { done(ToStatus(r)); });
+}
+
 absl::Status CudaDevice::ReadPool(uint64_t pool_offset, std::byte* dst, size_t bytes) {
   if (pool_offset > pool_bytes() || bytes > pool_bytes() - pool_offset) {
     return absl::InvalidArgumentError(

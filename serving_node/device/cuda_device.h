@@ -32,6 +32,8 @@ class CudaDevice final : public Device {
   uint64_t pool_bytes() const override { return pool_->pool_bytes(); }
   void CopyToPool(CopyClass cls, CopyPurpose purpose, const std::byte* src, uint64_t pool_offset,
                   size_t bytes, std::function<void(absl::Status)> done) override;
+  void CopyToBuffer(CopyClass cls, CopyPurpose purpose, const std::byte* src, DeviceBuffer& dst,
+                    size_t offset, size_t bytes, std::function<void(absl::Status)> done) override;
   absl::Status ReadPool(uint64_t pool_offset, std::byte* dst, size_t bytes) override;
   absl::StatusOr<std::unique_ptr<DeviceBuffer>> AllocBuffer(size_t bytes) override;
   absl::Status WriteBuffer(DeviceBuffer& dst, size_t offset, const std::byte* src,

@@ -11,6 +11,18 @@ absl::Status NoBytes(const char* op) {
   return absl::UnimplementedError(absl::StrCat(op, ": the simulated device holds no bytes"));
 }
 
+// A buffer of a size and no bytes: a destination for CopyToBuffer.
+class SimBuffer final : public serving::DeviceBuffer {
+ public:
+  explicit SimBuffer(size_t bytes) : bytes_(bytes) {}
+  std::byte* data() override { return nullptr; }
+  const std::byte* data() const override { return nullptr; }
+  size_t size() const override { return bytes_; }
+
+ private:
+  const size_t bytes_;
+};
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SimDevice>> SimDevice::Create(uint64_t pool_bytes,
@@ -36,9 +48,23 @@ void SimDevice::CopyToPool(serving::CopyClass cls, serving::CopyPurpose purpose,
   link_->Submit(cls, bytes, [done = std::move(done)] { done(absl::OkStatus()); });
 }
 
+void SimDevice::CopyToBuffer(serving::CopyClass cls, serving::CopyPurpose purpose,
+                             const std::byte* /*src*/, serving::DeviceBuffer& dst, size_t offset,
+                             size_t bytes, std::function<void(absl::Status)> done) {
+  if (absl::Status st = serving::CheckBufferRange("CopyToBuffer", dst, offset, bytes); !st.ok()) {
+    done(st);
+    return;
+  }
+  const int p = static_cast<int>(purpose);
+  ++stats_.copies[p];
+  stats_.bytes[p] += bytes;
+  link_->Submit(cls, bytes, [done = std::move(done)] { done(absl::OkStatus()); });
+}
+
 absl::Status SimDevice::ReadPool(uint64_t, std::byte*, size_t) { return NoBytes("ReadPool"); }
-absl::StatusOr<std::unique_ptr<serving::DeviceBuffer>> SimDevice::AllocBuffer(size_t) {
-  return NoBytes("AllocBuffer");
+absl::StatusOr<std::unique_ptr<serving::DeviceBuffer>> SimDevice::AllocBuffer(size_t bytes) {
+  if (bytes == 0) return absl::InvalidArgumentError("AllocBuffer: bytes must be positive");
+  return std::make_unique<SimBuffer>(bytes);
 }
 absl::Status SimDevice::WriteBuffer(serving::DeviceBuffer&, size_t, const std::byte*, size_t) {
   return NoBytes("WriteBuffer");

@@ -2,7 +2,8 @@
 // The twin's device: pool accounting without bytes, and the real EmulatedLink on the simulated
 // clock for copies (critical before background, one transfer at a time, latency + bytes ÷
 // bandwidth). The caches and the Refiller run against it unchanged; nothing reads pool bytes in
-// the simulator, so ReadPool, buffers and kernels answer UNIMPLEMENTED.
+// the simulator, so buffers have a size and no bytes, and ReadPool, buffer reads and writes and
+// kernels answer UNIMPLEMENTED.
 
 #include <memory>
 #include <string>
@@ -23,6 +24,10 @@ class SimDevice final : public serving::Device {
   void CopyToPool(serving::CopyClass cls, serving::CopyPurpose purpose, const std::byte* src,
                   uint64_t pool_offset, size_t bytes,
                   std::function<void(absl::Status)> done) override;
+  // Over the link like CopyToPool; no bytes move.
+  void CopyToBuffer(serving::CopyClass cls, serving::CopyPurpose purpose, const std::byte* src,
+                    serving::DeviceBuffer& dst, size_t offset, size_t bytes,
+                    std::function<void(absl::Status)> done) override;
   absl::Status ReadPool(uint64_t pool_offset, std::byte* dst, size_t bytes) override;
   absl::StatusOr<std::unique_ptr<serving::DeviceBuffer>> AllocBuffer(size_t bytes) override;
   absl::Status WriteBuffer(serving::DeviceBuffer& dst, size_t offset, const std::byte* src,

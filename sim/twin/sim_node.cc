@@ -248,8 +248,7 @@ void SimExecutor::FetchFrom(Job& job, size_t table) {
       begin = i;
     }
     // Rows the cache did not take (no room, or pending under another request's copy) still
-    // cross the link to be used, in one staged copy: a device computes on device memory. (The
-    // cpu pipeline reads them from host memory instead; docs/simulator.md.)
+    // cross the link to be used, in one staged copy, as in the real pipeline.
     if (const size_t unadmitted = t.fetch.size() - t.reserved.size(); unadmitted > 0) {
       ++job.copies_in_flight;
       parts_.device->CopyToPool(serving::CopyClass::kCritical, serving::CopyPurpose::kEmbMiss,

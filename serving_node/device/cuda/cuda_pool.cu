@@ -356,6 +356,16 @@ void CudaPool::CopyToPool(CudaCopyClass cls, const std::byte* src, uint64_t pool
                            std::to_string(pool_bytes_) + "-byte pool"));
     return;
   }
+  Copy(cls, src, pool_ + pool_offset, bytes, std::move(done), "CopyToPool");
+}
+
+void CudaPool::CopyToDevice(CudaCopyClass cls, const std::byte* src, std::byte* device_dst,
+                            size_t bytes, std::function<void(CudaResult)> done) {
+  Copy(cls, src, device_dst, bytes, std::move(done), "CopyToDevice");
+}
+
+void CudaPool::Copy(CudaCopyClass cls, const std::byte* src, std::byte* device_dst, size_t bytes,
+                    std::function<void(CudaResult)> done, const char* op) {
   bool closing;
   {
     std::lock_guard<std::mutex> lock(outstanding_mu_);
@@ -363,7 +373,7 @@ void CudaPool::CopyToPool(CudaCopyClass cls, const std::byte* src, uint64_t pool
     if (!closing) ++outstanding_;
   }
   if (closing) {  // outside the lock: the callback may submit again
-    done(CudaResult::Error("CopyToPool: the pool is closing"));
+    done(CudaResult::Error(std::string(op) + ": the pool is closing"));
     return;
   }
   ClassState& c = *classes_[static_cast<int>(cls)];
@@ -400,8 +410,8 @@ void CudaPool::CopyToPool(CudaCopyClass cls, const std::byte* src, uint64_t pool
         failed_call = "cudaEventRecord";
       }
       if (e == cudaSuccess &&
-          (e = cudaMemcpyAsync(pool_ + pool_offset + off, c.ring + piece.off, n,
-                               cudaMemcpyHostToDevice, c.stream)) != cudaSuccess) {
+          (e = cudaMemcpyAsync(device_dst + off, c.ring + piece.off, n, cudaMemcpyHostToDevice,
+                               c.stream)) != cudaSuccess) {
         failed_call = "cudaMemcpyAsync";
       }
       if (e == cudaSuccess && (e = cudaEventRecord(piece.end, c.stream)) != cudaSuccess) {
@@ -459,7 +469,7 @@ void CudaPool::CompletionLoop(ClassState* c) {
     CopyState& copy = *piece.copy;
     if (e != cudaSuccess) {
       std::lock_guard<std::mutex> lock(copy.mu);
-      if (copy.error.empty()) copy.error = CudaError("copy to pool", e);
+      if (copy.error.empty()) copy.error = CudaError("host-to-device copy", e);
     }
     if (copy.left.fetch_sub(1) == 1) Finish(*c, piece.copy);
   }

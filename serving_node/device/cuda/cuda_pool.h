@@ -100,6 +100,9 @@ class CudaPool {
   // CopyToPool returns (it is staged before). Blocks while the class's staging ring is full.
   void CopyToPool(CudaCopyClass cls, const std::byte* src, uint64_t pool_offset, size_t bytes,
                   std::function<void(CudaResult)> done);
+  // The same into a buffer from Alloc (rows a request uses without caching them).
+  void CopyToDevice(CudaCopyClass cls, const std::byte* src, std::byte* device_dst, size_t bytes,
+                    std::function<void(CudaResult)> done);
   // Copies pool bytes to host memory, after every copy submitted before and every kernel.
   CudaResult ReadPool(uint64_t pool_offset, std::byte* dst, size_t bytes);
   // Critical copies submitted and not yet completed.
@@ -132,6 +135,9 @@ class CudaPool {
   explicit CudaPool(const CudaPoolOptions& options);
   CudaResult Init();
   void CompletionLoop(ClassState* c);
+  // Stages and enqueues one copy in pieces (CopyToPool and CopyToDevice); `op` names it in errors.
+  void Copy(CudaCopyClass cls, const std::byte* src, std::byte* device_dst, size_t bytes,
+            std::function<void(CudaResult)> done, const char* op);
   // Reports a copy's outcome on its class's callback thread and counts it finished.
   void Finish(ClassState& c, const std::shared_ptr<CopyState>& copy);
   // Copies an index array into the kernel scratch (pinned, then device) on the compute stream.
