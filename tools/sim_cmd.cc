@@ -3,7 +3,8 @@
 // same report as `hlem loadgen` plus the simulator's speed and event-log hash; `sweep` runs it
 // for every α of a grid (a static α per run, common random numbers) and names the best one;
 // `oracle` finds α* of every decision window by forking the simulation (sim/twin/oracle.h);
-// `compare` sets a simulated run beside a real one of the same trace (fidelity).
+// `compare` sets a simulated run beside a real one of the same trace (fidelity); `fit` fits the
+// cost model to a real run's stage timings (sim/twin/fit.h).
 
 #include <algorithm>
 #include <chrono>
@@ -23,6 +24,7 @@
 #include "router/core/policy.h"
 #include "serving_node/service/node_config.h"
 #include "sim/twin/cost_model.h"
+#include "sim/twin/fit.h"
 #include "sim/twin/oracle.h"
 #include "sim/twin/twin.h"
 #include "sim/workload/trace.h"
@@ -141,7 +143,8 @@ std::string NodeLines(sim::Twin& twin) {
   return out;
 }
 
-absl::StatusOr<RunResult> RunOnce(const Setup& s, double alpha) {
+// The whole trace through a twin at a static α.
+absl::StatusOr<std::unique_ptr<sim::Twin>> RunTwin(const Setup& s, double alpha) {
   sim::TwinOptions options = s.twin;
   options.alpha = alpha;
   auto twin = sim::Twin::Create(options, s.workload);
@@ -152,6 +155,12 @@ absl::StatusOr<RunResult> RunOnce(const Setup& s, double alpha) {
   absl::Status st = (*twin)->Run(source.Next());
   if (!source.error.ok()) return source.error;
   if (!st.ok()) return st;
+  return std::move(*twin);
+}
+
+absl::StatusOr<RunResult> RunOnce(const Setup& s, double alpha) {
+  absl::StatusOr<std::unique_ptr<sim::Twin>> twin = RunTwin(s, alpha);
+  if (!twin.ok()) return twin.status();
   RunResult result;
   result.stats = (*twin)->stats();
   result.nodes = NodeLines(**twin);
@@ -177,6 +186,8 @@ absl::StatusOr<RunResult> RunOnce(const Setup& s, double alpha) {
                                .candidates = o.candidates,
                                .cached_prefix_tokens = o.cached_prefix_tokens,
                                .computed_tokens = o.computed_tokens,
+                               .emb_hits = o.emb_hits,
+                               .emb_misses = o.emb_misses,
                                .stale_kv_hit = o.stale_kv_hit,
                                .delta = true,
                                .sent = true});
@@ -334,8 +345,9 @@ int Oracle(const SimFlags& f) {
   return WriteFile(f.csv, csv);
 }
 
-// The per-request CSV of `hlem loadgen --csv` or `hlem sim run --csv` (OutcomesCsv), as outcomes
-// (the columns the summaries read: times, latency, code).
+// The per-request CSV of `hlem loadgen --csv` or `hlem sim run --csv` (OutcomesCsv), as outcomes:
+// times, latency and code always; node time and stage timings where the file has their columns
+// (found by name: older files lack some).
 absl::StatusOr<std::vector<loadgen::Outcome>> ReadOutcomes(const std::string& path) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
@@ -343,23 +355,138 @@ absl::StatusOr<std::vector<loadgen::Outcome>> ReadOutcomes(const std::string& pa
   if (!std::getline(in, line) || line.rfind("index,scheduled_s,sent_s,latency_ms,", 0) != 0) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": not a per-request outcome CSV"));
   }
+  const std::vector<std::string> header = absl::StrSplit(line, ',');
+  auto column = [&](absl::string_view name) {
+    const auto it = std::find(header.begin(), header.end(), name);
+    return it == header.end() ? -1 : static_cast<int>(it - header.begin());
+  };
+  const int code_col = column("code");
+  if (code_col < 0) return absl::InvalidArgumentError(absl::StrCat(path, ": no code column"));
+  struct Ms {
+    int col;
+    uint64_t loadgen::Outcome::*plain;
+    uint64_t loadgen::Outcome::Stages::*stage;
+  };
+  const std::vector<Ms> ms = {
+      {column("node_ms"), &loadgen::Outcome::node_ns, nullptr},
+      {column("queue_ms"), nullptr, &loadgen::Outcome::Stages::queue_ns},
+      {column("lookup_ms"), nullptr, &loadgen::Outcome::Stages::lookup_ns},
+      {column("fetch_ms"), nullptr, &loadgen::Outcome::Stages::fetch_ns},
+      {column("copy_ms"), nullptr, &loadgen::Outcome::Stages::copy_ns},
+      {column("compute_ms"), nullptr, &loadgen::Outcome::Stages::compute_ns},
+      {column("kv_ms"), nullptr, &loadgen::Outcome::Stages::kv_ns}};
   std::vector<loadgen::Outcome> out;
   for (size_t n = 2; std::getline(in, line); ++n) {
-    std::vector<std::string> f = absl::StrSplit(line, ',');
+    const std::vector<std::string> f = absl::StrSplit(line, ',');
+    auto bad = [&](absl::string_view what) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ":", n, ": malformed ", what));
+    };
     double scheduled = 0, sent = 0, latency = 0;
     uint64_t index = 0;
-    if (f.size() < 7 || !absl::SimpleAtoi(f[0], &index) || !absl::SimpleAtod(f[1], &scheduled) ||
-        !absl::SimpleAtod(f[2], &sent) || !absl::SimpleAtod(f[3], &latency)) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ":", n, ": malformed row"));
+    if (f.size() < header.size() || !absl::SimpleAtoi(f[0], &index) ||
+        !absl::SimpleAtod(f[1], &scheduled) || !absl::SimpleAtod(f[2], &sent) ||
+        !absl::SimpleAtod(f[3], &latency)) {
+      return bad("row");
     }
-    out.push_back({.index = index,
-                   .scheduled_ns = static_cast<uint64_t>(std::llround(scheduled * 1e9)),
-                   .sent_ns = static_cast<uint64_t>(std::llround(sent * 1e9)),
-                   .latency_ns = static_cast<uint64_t>(std::llround(latency * 1e6)),
-                   .code = f[6] == "OK" ? 0 : static_cast<int>(absl::StatusCode::kUnknown),
-                   .sent = true});
+    loadgen::Outcome o{
+        .index = index,
+        .scheduled_ns = static_cast<uint64_t>(std::llround(scheduled * 1e9)),
+        .sent_ns = static_cast<uint64_t>(std::llround(sent * 1e9)),
+        .latency_ns = static_cast<uint64_t>(std::llround(latency * 1e6)),
+        .code = f[code_col] == "OK" ? 0 : static_cast<int>(absl::StatusCode::kUnknown),
+        .sent = true};
+    for (const Ms& m : ms) {
+      if (m.col < 0) continue;
+      double v = 0;
+      if (!absl::SimpleAtod(f[m.col], &v) || !(v >= 0)) return bad(header[m.col]);
+      const auto ns = static_cast<uint64_t>(std::llround(v * 1e6));
+      if (m.plain != nullptr) o.*m.plain = ns;
+      if (m.stage != nullptr) o.stages.*m.stage = ns;
+    }
+    out.push_back(std::move(o));
   }
   return out;
+}
+
+// A real run's outcome as the twin's (what the fit compares).
+sim::TwinOutcome AsTwinOutcome(const loadgen::Outcome& o) {
+  return {.index = o.index,
+          .sent_ns = o.scheduled_ns,
+          .latency_ns = o.latency_ns,
+          .node_ns = o.node_ns,
+          .queue_ns = o.stages.queue_ns,
+          .lookup_ns = o.stages.lookup_ns,
+          .fetch_ns = o.stages.fetch_ns,
+          .copy_ns = o.stages.copy_ns,
+          .compute_ns = o.stages.compute_ns,
+          .kv_ns = o.stages.kv_ns,
+          .code = o.code == 0 ? absl::StatusCode::kOk : absl::StatusCode::kUnknown,
+          .answered = true};
+}
+
+struct FitFlags {
+  SimFlags sim;
+  std::string real, out;
+  int max_iterations = 8;
+};
+
+std::string StageLine(const char* name, const sim::StageMedians& m) {
+  return absl::StrFormat("%-7s %8llu %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f\n", name,
+                         static_cast<unsigned long long>(m.requests), m.hop_ms, m.queue_ms,
+                         m.lookup_ms, m.fetch_ms, m.copy_ms, m.compute_ms, m.latency_ms);
+}
+
+// Fits the cost model to a real run's per-stage timings (sim/twin/fit.h).
+int Fit(const FitFlags& f) {
+  absl::StatusOr<Setup> s = Prepare(f.sim);
+  if (!s.ok()) return Fail("setup", s.status());
+  absl::StatusOr<std::vector<loadgen::Outcome>> real = ReadOutcomes(f.real);
+  if (!real.ok()) return Fail("--real", real.status());
+  std::vector<sim::TwinOutcome> real_twin;
+  for (const loadgen::Outcome& o : *real) real_twin.push_back(AsTwinOutcome(o));
+  const sim::StageMedians real_medians = sim::MedianStages(real_twin, s->warmup_ns);
+  if (real_medians.compute_ms <= 0) {
+    return Fail("--real", absl::InvalidArgumentError(
+                              "no stage timings (compute_ms is zero or missing): a CSV of "
+                              "`hlem loadgen --csv` from this version is needed"));
+  }
+  std::printf("sim fit: %s against %s, alpha %.2f, %u nodes, start %s\n", f.real.c_str(),
+              f.sim.trace.c_str(), f.sim.alpha, f.sim.nodes, f.sim.costs.c_str());
+  std::printf("medians (ms) %8s %8s %8s %8s %8s %8s %8s %8s\n", "requests", "hop", "queue",
+              "lookup", "fetch", "copy", "compute", "latency");
+  std::printf("%s", StageLine("real", real_medians).c_str());
+  int iteration = 0;
+  auto simulate =
+      [&](const sim::CostModel& costs) -> absl::StatusOr<std::vector<sim::TwinOutcome>> {
+    Setup run = *s;
+    run.twin.costs = costs;
+    absl::StatusOr<std::unique_ptr<sim::Twin>> twin = RunTwin(run, f.sim.alpha);
+    if (!twin.ok()) return twin.status();
+    std::vector<sim::TwinOutcome> out = (*twin)->outcomes();
+    std::printf("%s", StageLine(absl::StrCat("twin ", iteration++).c_str(),
+                                sim::MedianStages(out, s->warmup_ns))
+                          .c_str());
+    std::fflush(stdout);
+    return out;
+  };
+  absl::StatusOr<sim::FitResult> fit = sim::FitCosts(
+      s->twin.costs, real_medians, s->warmup_ns, simulate, {.max_iterations = f.max_iterations});
+  if (!fit.ok()) return Fail("fit", fit.status());
+  sim::CostModel costs = fit->costs;
+  costs.source = absl::StrFormat(
+      "hlem sim fit --real %s (%d OK answers after %.0f s of warm-up) --trace %s --alpha %.2f "
+      "--nodes %u, from %s; stage medians matched to %.1f %% (hop, lookup, fetch, compute)",
+      f.real, real_medians.requests, f.sim.warmup_s, f.sim.trace, f.sim.alpha, f.sim.nodes,
+      f.sim.costs, 100 * fit->max_error);
+  std::printf("%s after %zu runs; largest stage error %.1f %%\n",
+              fit->converged ? "converged" : "NOT converged", fit->iterations.size(),
+              100 * fit->max_error);
+  const std::string yaml =
+      "# Fitted by `hlem sim fit` to a real run's per-stage timings (docs/simulator.md). Do not\n"
+      "# edit by hand: re-run it.\n" +
+      sim::CostModelYaml(costs);
+  std::printf("%s", yaml.c_str());
+  return WriteFile(f.out, yaml);
 }
 
 struct CompareFlags {
@@ -458,6 +585,20 @@ void RegisterSimCommands(CLI::App& app, Run* run) {
       ->check(CLI::Range(0.0, 1.0));
   oracle->add_option("--csv", o->csv, "write one row per window here (with its reward curve)");
   oracle->callback([=] { *run = [=] { return Oracle(*o); }; });
+
+  auto fit = std::make_shared<FitFlags>();
+  CLI::App* fit_cmd = sim->add_subcommand(
+      "fit",
+      "fit the cost model to a real run's stage timings (hlem loadgen --csv) by replaying "
+      "its trace");
+  CommonFlags(fit_cmd, &fit->sim);
+  fit_cmd->add_option("--real", fit->real, "hlem loadgen --csv of the real run")->required();
+  fit_cmd->add_option("--alpha", fit->sim.alpha, "the α the real run's nodes had")
+      ->check(CLI::Range(0.0, 1.0));
+  fit_cmd->add_option("--out", fit->out, "write the fitted cost model here (YAML)");
+  fit_cmd->add_option("--max-iterations", fit->max_iterations, "twin runs at most")
+      ->check(CLI::Range(1, 50));
+  fit_cmd->callback([=] { *run = [=] { return Fit(*fit); }; });
 
   auto c = std::make_shared<CompareFlags>();
   CLI::App* compare = sim->add_subcommand(

@@ -1,8 +1,10 @@
 #include "sim/twin/twin.h"
 
+#include <cmath>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "sim/twin/fit.h"
 #include "sim/twin/oracle.h"
 #include "sim/twin/shared_compute.h"
 #include "sim/twin/sim_device.h"
@@ -188,6 +190,50 @@ TEST(OracleTest, AlphaStarIsTheBestForkAndTheParentReproducesIt) {
     EXPECT_DOUBLE_EQ(WindowReward((*twin)->outcomes(), from, from + o.window, o.slo), w.reward_star)
         << "window " << w.window;
   }
+}
+
+// The fit recovers a twin's own costs from its outcomes: the "real" run is the twin under
+// costs whose stages are each scaled by a different factor, the fit starts from the unscaled
+// costs and must find the scaled ones (each stage's coefficients move together, so the answer
+// is exact up to the tolerance).
+TEST(FitTest, RecoversTheCostsARunWasMadeWith) {
+  const WorkloadConfig workload = testing::TinyWorkload();
+  const std::vector<TraceRequest> trace = Generate(workload);
+  const TwinOptions options = testing::TinyTwin(workload);
+  auto simulate = [&](const CostModel& costs) -> absl::StatusOr<std::vector<TwinOutcome>> {
+    TwinOptions o = options;
+    o.costs = costs;
+    return RunTwin(o, workload, trace)->outcomes();
+  };
+  const CostModel start = options.costs;
+  CostModel truth = start;
+  truth.router_overhead += absl::Microseconds(600);
+  truth.step_overhead *= 1.4;
+  truth.flops_per_second /= 1.4;
+  truth.request_overhead *= 2.0;
+  truth.lookup_per_row *= 2.0;
+  truth.fetch_overhead *= 1.7;
+  truth.fetch_per_row *= 1.7;
+  const uint64_t warmup = 1'000'000'000;
+  const StageMedians real = MedianStages(*simulate(truth), warmup);
+  ASSERT_GT(real.requests, 200u);
+  ASSERT_GT(real.fetch_ms, 0);
+  absl::StatusOr<FitResult> fit = FitCosts(start, real, warmup, simulate);
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  EXPECT_TRUE(fit->converged) << fit->iterations.back().max_error;
+  EXPECT_GT(fit->iterations.front().max_error, 0.2);  // the start was far off
+  auto near = [](double got, double want) { return std::abs(got - want) <= 0.05 * want; };
+  EXPECT_TRUE(near(fit->costs.flops_per_second, truth.flops_per_second))
+      << fit->costs.flops_per_second;
+  EXPECT_TRUE(near(absl::ToDoubleMicroseconds(fit->costs.request_overhead),
+                   absl::ToDoubleMicroseconds(truth.request_overhead)));
+  EXPECT_TRUE(near(absl::ToDoubleMicroseconds(fit->costs.fetch_per_row),
+                   absl::ToDoubleMicroseconds(truth.fetch_per_row)));
+  EXPECT_TRUE(near(absl::ToDoubleMicroseconds(fit->costs.router_overhead),
+                   absl::ToDoubleMicroseconds(truth.router_overhead)));
+  // Nothing to fit from: a clear error.
+  EXPECT_EQ(FitCosts(start, StageMedians{}, warmup, simulate).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(TwinTest, BadOptionsNameTheField) {

@@ -120,6 +120,8 @@ void Replayer::Record(const Call& call, const grpc::Status& status, absl::Time n
     o.h_emb = r.h_emb();
     o.cached_prefix_tokens = r.cached_prefix_tokens();
     o.computed_tokens = r.computed_tokens();
+    o.emb_hits = r.emb_hits();
+    o.emb_misses = r.emb_misses();
     o.stale_kv_hit = r.stale_kv_hit();
     o.router_ns = static_cast<uint64_t>(r.total_seconds() * 1e9);
     const v1::InferTimings& t = r.node_timings();

@@ -109,7 +109,7 @@ std::string OutcomesCsv(const std::vector<Outcome>& outcomes) {
   std::string out =
       "index,scheduled_s,sent_s,latency_ms,router_ms,node_ms,code,user,node,h_kv,h_emb,"
       "cached_prefix_tokens,computed_tokens,stale_kv_hit,retried,delta,resent,sent,queue_ms,"
-      "lookup_ms,fetch_ms,copy_ms,compute_ms,kv_ms,message\n";
+      "lookup_ms,fetch_ms,copy_ms,compute_ms,kv_ms,candidates,emb_hits,emb_misses,message\n";
   auto ms = [](uint64_t ns) { return static_cast<double>(ns) / 1e6; };
   for (const Outcome& o : outcomes) {
     std::string message = o.message;
@@ -117,13 +117,14 @@ std::string OutcomesCsv(const std::vector<Outcome>& outcomes) {
     absl::StrAppendFormat(
         &out,
         "%d,%.6f,%.6f,%.3f,%.3f,%.3f,%s,%d,%s,%.0f,%.4f,%u,%u,%d,%d,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,"
-        "%.3f,%.3f,\"%s\"\n",
+        "%.3f,%.3f,%u,%u,%u,\"%s\"\n",
         o.index, static_cast<double>(o.scheduled_ns) / 1e9, static_cast<double>(o.sent_ns) / 1e9,
         static_cast<double>(o.latency_ns) / 1e6, static_cast<double>(o.router_ns) / 1e6,
         static_cast<double>(o.node_ns) / 1e6, CodeName(o.code), o.user, o.node, o.h_kv, o.h_emb,
         o.cached_prefix_tokens, o.computed_tokens, o.stale_kv_hit, o.retried, o.delta, o.resent,
         o.sent, ms(o.stages.queue_ns), ms(o.stages.lookup_ns), ms(o.stages.fetch_ns),
-        ms(o.stages.copy_ns), ms(o.stages.compute_ns), ms(o.stages.kv_ns), message);
+        ms(o.stages.copy_ns), ms(o.stages.compute_ns), ms(o.stages.kv_ns), o.candidates, o.emb_hits,
+        o.emb_misses, message);
   }
   return out;
 }

@@ -30,6 +30,7 @@ struct Outcome {
   double h_kv = 0, h_emb = 0;
   uint32_t candidates = 0;
   uint32_t cached_prefix_tokens = 0, computed_tokens = 0;  // computed: new history + candidates
+  uint64_t emb_hits = 0, emb_misses = 0;  // distinct rows served from the EMB cache / fetched
   bool stale_kv_hit = false, retried = false;
   bool delta = false;   // sent in delta mode
   bool resent = false;  // delta refused (FAILED_PRECONDITION), resent in full

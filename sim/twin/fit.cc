@@ -1,0 +1,113 @@
+#include "sim/twin/fit.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/status/status.h"
+
+namespace hlem::sim {
+namespace {
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  const size_t mid = v.size() / 2;
+  std::nth_element(v.begin(), v.begin() + static_cast<ptrdiff_t>(mid), v.end());
+  const double upper = v[mid];
+  if (v.size() % 2 == 1) return upper;
+  return (upper + *std::max_element(v.begin(), v.begin() + static_cast<ptrdiff_t>(mid))) / 2;
+}
+
+double Ms(uint64_t ns) { return static_cast<double>(ns) / 1e6; }
+
+// The relative error of a stage, or 0 when it cannot be fitted (zero in either run).
+double RelError(double sim, double real) {
+  return sim > 0 && real > 0 ? std::abs(sim - real) / real : 0;
+}
+
+absl::Duration Scale(absl::Duration d, double k) { return d * k; }
+
+}  // namespace
+
+StageMedians MedianStages(std::span<const TwinOutcome> outcomes, uint64_t warmup_ns) {
+  std::vector<double> hop, queue, lookup, fetch, copy, compute, latency;
+  for (const TwinOutcome& o : outcomes) {
+    if (o.code != absl::StatusCode::kOk || o.sent_ns < warmup_ns) continue;
+    hop.push_back(o.latency_ns > o.node_ns ? Ms(o.latency_ns - o.node_ns) : 0.0);
+    queue.push_back(Ms(o.queue_ns));
+    lookup.push_back(Ms(o.lookup_ns));
+    if (o.fetch_ns > 0) fetch.push_back(Ms(o.fetch_ns));
+    copy.push_back(Ms(o.copy_ns));
+    compute.push_back(Ms(o.compute_ns));
+    latency.push_back(Ms(o.latency_ns));
+  }
+  return {.requests = hop.size(),
+          .hop_ms = Median(std::move(hop)),
+          .queue_ms = Median(std::move(queue)),
+          .lookup_ms = Median(std::move(lookup)),
+          .copy_ms = Median(std::move(copy)),
+          .compute_ms = Median(std::move(compute)),
+          .fetch_ms = Median(std::move(fetch)),
+          .latency_ms = Median(std::move(latency))};
+}
+
+absl::StatusOr<FitResult> FitCosts(
+    const CostModel& start, const StageMedians& real, uint64_t warmup_ns,
+    const std::function<absl::StatusOr<std::vector<TwinOutcome>>(const CostModel&)>& simulate,
+    const FitOptions& options) {
+  if (real.requests == 0) {
+    return absl::InvalidArgumentError("the real run has no OK answers after the warm-up");
+  }
+  if (options.max_iterations < 1) {
+    return absl::InvalidArgumentError("max_iterations must be at least 1");
+  }
+  FitResult result;
+  CostModel costs = start;
+  double best = HUGE_VAL;
+  for (int i = 0; i < options.max_iterations; ++i) {
+    absl::StatusOr<std::vector<TwinOutcome>> outcomes = simulate(costs);
+    if (!outcomes.ok()) return outcomes.status();
+    FitIteration it{.costs = costs, .twin = MedianStages(*outcomes, warmup_ns)};
+    if (it.twin.requests == 0) {
+      return absl::FailedPreconditionError(
+          "the twin answered nothing OK after the warm-up under these costs");
+    }
+    const StageMedians& t = it.twin;
+    it.max_error =
+        std::max({RelError(t.hop_ms, real.hop_ms), RelError(t.compute_ms, real.compute_ms),
+                  RelError(t.lookup_ms, real.lookup_ms), RelError(t.fetch_ms, real.fetch_ms)});
+    result.iterations.push_back(it);
+    if (it.max_error < best) {
+      best = it.max_error;
+      result.costs = costs;
+      result.max_error = best;
+    }
+    if (it.max_error <= options.tolerance) {
+      result.converged = true;
+      break;
+    }
+    // The next guess, stage by stage.
+    costs.router_overhead =
+        std::max(absl::ZeroDuration(),
+                 costs.router_overhead +
+                     absl::Nanoseconds(static_cast<int64_t>((real.hop_ms - t.hop_ms) * 1e6)));
+    if (t.compute_ms > 0 && real.compute_ms > 0) {
+      const double k = real.compute_ms / t.compute_ms;
+      costs.step_overhead = Scale(costs.step_overhead, k);
+      costs.flops_per_second /= k;
+    }
+    if (t.lookup_ms > 0 && real.lookup_ms > 0) {
+      const double k = real.lookup_ms / t.lookup_ms;
+      costs.request_overhead = Scale(costs.request_overhead, k);
+      costs.lookup_per_row = Scale(costs.lookup_per_row, k);
+    }
+    if (t.fetch_ms > 0 && real.fetch_ms > 0) {
+      const double k = real.fetch_ms / t.fetch_ms;
+      costs.fetch_overhead = Scale(costs.fetch_overhead, k);
+      costs.fetch_per_row = Scale(costs.fetch_per_row, k);
+    }
+  }
+  return result;
+}
+
+}  // namespace hlem::sim

@@ -1,0 +1,65 @@
+#pragma once
+// Fitting the cost model to one real run (`hlem sim fit`, docs/simulator.md): the node benchmark
+// measures a node alone, but on the local cluster four nodes, two shards, the router and the load
+// generator share two cores, so every CPU stage runs slower there than the benchmark says. The
+// fit replays the real run's trace in the twin and rescales each stage's coefficients until the
+// twin's per-stage medians equal the real run's (simulation matching: the twin's own processor
+// sharing stays in the loop, so what is fitted is the part of the slow-down the twin does not
+// model). Stages and what moves them:
+//   router hop (latency − node time)   router_overhead, additively;
+//   compute                            step_overhead × k, flops_per_second ÷ k;
+//   lookup                             request_overhead × k, lookup_per_row × k;
+//   fetch (requests that fetched)      fetch_overhead × k, fetch_per_row × k;
+// with k = real median ÷ twin median. The link (copy stage) is the profile's configuration, not a
+// fitted figure; its median is reported beside the others. Held-out runs (other regimes and α)
+// validate the result (`hlem sim compare`).
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "sim/twin/cost_model.h"
+#include "sim/twin/twin.h"
+
+namespace hlem::sim {
+
+// Medians over the OK answers sent at or after the warm-up, in milliseconds.
+struct StageMedians {
+  uint64_t requests = 0;  // OK answers counted
+  double hop_ms = 0;      // latency − node time: the hops and the router
+  double queue_ms = 0, lookup_ms = 0, copy_ms = 0, compute_ms = 0;
+  double fetch_ms = 0;  // over the answers that fetched rows
+  double latency_ms = 0;
+};
+StageMedians MedianStages(std::span<const TwinOutcome> outcomes, uint64_t warmup_ns);
+
+struct FitOptions {
+  int max_iterations = 8;
+  double tolerance = 0.01;  // stop when every fitted stage is within this relative error
+};
+
+struct FitIteration {
+  CostModel costs;       // what this iteration simulated
+  StageMedians twin;     // what it gave
+  double max_error = 0;  // the largest relative error of a fitted stage against the real run
+};
+
+struct FitResult {
+  CostModel costs;       // the best iteration's costs
+  double max_error = 0;  // and its largest stage error
+  std::vector<FitIteration> iterations;
+  bool converged = false;
+};
+
+// `simulate` replays the real run's trace under the given costs and returns the twin's outcomes.
+// A stage whose median is zero in either run (no fetches at all, say) keeps its coefficients.
+// INVALID_ARGUMENT when the real run has no OK answers after the warm-up.
+absl::StatusOr<FitResult> FitCosts(
+    const CostModel& start, const StageMedians& real, uint64_t warmup_ns,
+    const std::function<absl::StatusOr<std::vector<TwinOutcome>>(const CostModel&)>& simulate,
+    const FitOptions& options = {});
+
+}  // namespace hlem::sim
