@@ -7,7 +7,9 @@
 #        [--slo-ms 25] [--nodes 4] [--warmup-s 30]   HLEM_BUILD_DIR=dir (default build-release)
 # The trace runs warmup + seconds; the first warmup seconds (caches filling from empty) are left
 # out of the overall figures.
-# Run it on an otherwise idle machine: the figures are latencies.
+# Run it on an otherwise idle machine: the figures are latencies. Each run also leaves
+# <regime>-alpha<A>.cpu: CPU seconds per process (the cluster's and the load generator's), which
+# `hlem sim fit --cpu` reads.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -52,8 +54,17 @@ for alpha in $alphas; do
   done
   sleep 1  # the router's residency snapshots
   report="$out/$regime-alpha$alpha.txt"
-  "$hlem" loadgen --trace "$trace" --router "$router" --slo-ms "$slo_ms" --warmup-s "$warmup" --quiet \
-    --windows-csv "$out/$regime-alpha$alpha-windows.csv" --csv "$out/$regime-alpha$alpha.csv" >"$report"
+  loadgen_cpu=$( { TIMEFORMAT='%3U %3S'; time "$hlem" loadgen --trace "$trace" --router "$router" \
+    --slo-ms "$slo_ms" --warmup-s "$warmup" --quiet --windows-csv "$out/$regime-alpha$alpha-windows.csv" \
+    --csv "$out/$regime-alpha$alpha.csv" >"$report"; } 2>&1 | tail -n 1)
+  # CPU seconds (user + system) of every process over the run, for the twin's cost fit.
+  {
+    echo "process cpu_s"
+    awk '{print $2, $3}' "$run/cluster.state" | while read -r name pid; do
+      awk -v n="$name" -v hz="$(getconf CLK_TCK)" '{printf "%s %.3f\n", n, ($14 + $15) / hz}' "/proc/$pid/stat"
+    done
+    echo "$loadgen_cpu" | awk '{printf "loadgen %.3f\n", $1 + $2}'
+  } >"$out/$regime-alpha$alpha.cpu"
   "$hlem" cluster down --run-dir "$run" >/dev/null
   requests=$(awk '/^requests/ {gsub(",", "", $2); print $2}' "$report")
   ok=$(awk '/^requests/ {print $4}' "$report")

@@ -37,7 +37,7 @@ namespace {
 struct SimFlags {
   std::string trace, node_config = "deploy/local/node.yaml", costs = "sim/costs/cpu-local.yaml";
   std::string router = "hlem", csv, windows_csv, alphas, follow = "star";
-  uint32_t nodes = 4;
+  uint32_t nodes = 4, emb_sample = 1;
   double alpha = 0.5, slo_ms = 0, warmup_s = 0;
   bool quiet = false;
 };
@@ -102,7 +102,10 @@ absl::StatusOr<Setup> Prepare(const SimFlags& f) {
   }
   s.workload = *workload;
   s.trace = f.trace;
-  s.twin.node = {.local = *local, .model = config->model, .kv_dtype_bytes = 4};
+  s.twin.node = {.local = *local,
+                 .model = config->model,
+                 .kv_dtype_bytes = costs->kv_dtype_bytes,
+                 .emb_sample = f.emb_sample};
   s.twin.nodes = f.nodes;
   s.twin.costs = *costs;
   s.twin.router.policy = *policy;
@@ -424,10 +427,32 @@ sim::TwinOutcome AsTwinOutcome(const loadgen::Outcome& o) {
           .answered = true};
 }
 
+// The CPU seconds of a run (scripts/alpha-sweep.sh's <run>.cpu: "process cpu_s" rows), summed.
+absl::StatusOr<double> ReadCpuSeconds(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::string line;
+  double total = 0;
+  int rows = 0;
+  for (size_t n = 1; std::getline(in, line); ++n) {
+    const std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (n == 1 && f.size() == 2 && f[0] == "process") continue;  // the header
+    double s = 0;
+    if (f.size() != 2 || !absl::SimpleAtod(f[1], &s) || !(s >= 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ":", n, ": expected '<process> <cpu seconds>'"));
+    }
+    total += s;
+    ++rows;
+  }
+  if (rows == 0) return absl::InvalidArgumentError(absl::StrCat(path, ": no processes"));
+  return total;
+}
+
 struct FitFlags {
   SimFlags sim;
-  std::string real, out;
-  int max_iterations = 8;
+  std::string real, out, cpu;
+  int max_iterations = 8, slowdown_quantiles = 0;
 };
 
 std::string StageLine(const char* name, const sim::StageMedians& m) {
@@ -456,27 +481,45 @@ int Fit(const FitFlags& f) {
               "lookup", "fetch", "copy", "compute", "latency");
   std::printf("%s", StageLine("real", real_medians).c_str());
   int iteration = 0;
-  auto simulate =
-      [&](const sim::CostModel& costs) -> absl::StatusOr<std::vector<sim::TwinOutcome>> {
+  auto simulate = [&](const sim::CostModel& costs) -> absl::StatusOr<sim::SimulatedRun> {
     Setup run = *s;
     run.twin.costs = costs;
     absl::StatusOr<std::unique_ptr<sim::Twin>> twin = RunTwin(run, f.sim.alpha);
     if (!twin.ok()) return twin.status();
-    std::vector<sim::TwinOutcome> out = (*twin)->outcomes();
-    std::printf("%s", StageLine(absl::StrCat("twin ", iteration++).c_str(),
-                                sim::MedianStages(out, s->warmup_ns))
-                          .c_str());
+    sim::SimulatedRun out{.outcomes = (*twin)->outcomes(), .stats = (*twin)->stats()};
+    const double cpu = absl::ToDoubleSeconds(out.stats.node_cpu + out.stats.background) * 1e3 /
+                       static_cast<double>(std::max<uint64_t>(1, out.stats.requests));
+    std::string line = StageLine(absl::StrCat("twin ", iteration++).c_str(),
+                                 sim::MedianStages(out.outcomes, s->warmup_ns));
+    line.pop_back();  // the newline
+    std::printf("%s   cpu/request %.3f ms (background %.3f)\n", line.c_str(), cpu,
+                absl::ToDoubleMilliseconds(costs.background_cpu));
     std::fflush(stdout);
     return out;
   };
-  absl::StatusOr<sim::FitResult> fit = sim::FitCosts(
-      s->twin.costs, real_medians, s->warmup_ns, simulate, {.max_iterations = f.max_iterations});
+  double real_cpu = 0;  // per request, seconds
+  if (!f.cpu.empty()) {
+    absl::StatusOr<double> total = ReadCpuSeconds(f.cpu);
+    if (!total.ok()) return Fail("--cpu", total.status());
+    real_cpu = *total / static_cast<double>(real->size());
+    std::printf("real cpu/request %.3f ms (%s: %.1f s over %zu requests)\n", real_cpu * 1e3,
+                f.cpu.c_str(), *total, real->size());
+  }
+  absl::StatusOr<sim::FitResult> fit =
+      sim::FitCosts(s->twin.costs, real_twin, s->warmup_ns, simulate,
+                    {.max_iterations = f.max_iterations,
+                     .real_cpu_per_request = real_cpu,
+                     .slowdown_quantiles = f.slowdown_quantiles});
   if (!fit.ok()) return Fail("fit", fit.status());
   sim::CostModel costs = fit->costs;
   costs.source = absl::StrFormat(
       "hlem sim fit --real %s (%d OK answers after %.0f s of warm-up) --trace %s --alpha %.2f "
-      "--nodes %u, from %s; stage medians matched to %.1f %% (hop, lookup, fetch, compute)",
+      "--nodes %u%s, from %s; stage medians matched to %.1f %% (hop, lookup, fetch, compute)",
       f.real, real_medians.requests, f.sim.warmup_s, f.sim.trace, f.sim.alpha, f.sim.nodes,
+      absl::StrCat(f.cpu.empty() ? "" : absl::StrCat(" --cpu ", f.cpu),
+                   f.slowdown_quantiles > 0
+                       ? absl::StrCat(" --slowdown-quantiles ", f.slowdown_quantiles)
+                       : ""),
       f.sim.costs, 100 * fit->max_error);
   std::printf("%s after %zu runs; largest stage error %.1f %%\n",
               fit->converged ? "converged" : "NOT converged", fit->iterations.size(),
@@ -545,6 +588,9 @@ void CommonFlags(CLI::App* cmd, SimFlags* f) {
                   "routing policy: hlem, round_robin, least_loaded, user_hash, kv_only, emb_only");
   cmd->add_option("--slo-ms", f->slo_ms, "latency SLO (default: the node config's)")
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--emb-sample", f->emb_sample,
+                  "EMB cache tracks 1 in N rows (hash-sampled; paper scale; 1 = every row)")
+      ->check(CLI::Range(1u, 1u << 20));
   cmd->add_option("--warmup-s", f->warmup_s,
                   "leave the trace's first N seconds out of the overall figures")
       ->check(CLI::NonNegativeNumber);
@@ -596,6 +642,14 @@ void RegisterSimCommands(CLI::App& app, Run* run) {
   fit_cmd->add_option("--alpha", fit->sim.alpha, "the α the real run's nodes had")
       ->check(CLI::Range(0.0, 1.0));
   fit_cmd->add_option("--out", fit->out, "write the fitted cost model here (YAML)");
+  fit_cmd
+      ->add_option("--slowdown-quantiles", fit->slowdown_quantiles,
+                   "fit the per-request slowdown of the CPU stages as this many quantiles "
+                   "(0: none)")
+      ->check(CLI::Range(0, 1000));
+  fit_cmd->add_option("--cpu", fit->cpu,
+                      "CPU seconds per process of the real run (scripts/alpha-sweep.sh's .cpu "
+                      "file): fits background_cpu so the twin's cores are as busy");
   fit_cmd->add_option("--max-iterations", fit->max_iterations, "twin runs at most")
       ->check(CLI::Range(1, 50));
   fit_cmd->callback([=] { *run = [=] { return Fit(*fit); }; });

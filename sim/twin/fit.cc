@@ -4,7 +4,10 @@
 #include <cmath>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace hlem::sim {
 namespace {
@@ -52,9 +55,10 @@ StageMedians MedianStages(std::span<const TwinOutcome> outcomes, uint64_t warmup
 }
 
 absl::StatusOr<FitResult> FitCosts(
-    const CostModel& start, const StageMedians& real, uint64_t warmup_ns,
-    const std::function<absl::StatusOr<std::vector<TwinOutcome>>(const CostModel&)>& simulate,
+    const CostModel& start, std::span<const TwinOutcome> real_outcomes, uint64_t warmup_ns,
+    const std::function<absl::StatusOr<SimulatedRun>(const CostModel&)>& simulate,
     const FitOptions& options) {
+  const StageMedians real = MedianStages(real_outcomes, warmup_ns);
   if (real.requests == 0) {
     return absl::InvalidArgumentError("the real run has no OK answers after the warm-up");
   }
@@ -63,49 +67,104 @@ absl::StatusOr<FitResult> FitCosts(
   }
   FitResult result;
   CostModel costs = start;
-  double best = HUGE_VAL;
-  for (int i = 0; i < options.max_iterations; ++i) {
-    absl::StatusOr<std::vector<TwinOutcome>> outcomes = simulate(costs);
-    if (!outcomes.ok()) return outcomes.status();
-    FitIteration it{.costs = costs, .twin = MedianStages(*outcomes, warmup_ns)};
-    if (it.twin.requests == 0) {
-      return absl::FailedPreconditionError(
-          "the twin answered nothing OK after the warm-up under these costs");
+  SimulatedRun last;
+  // Rescales the stages (and the background) until the medians match; keeps the best costs.
+  auto match = [&]() -> absl::Status {
+    double best = HUGE_VAL;
+    result.converged = false;
+    for (int i = 0; i < options.max_iterations; ++i) {
+      absl::StatusOr<SimulatedRun> run = simulate(costs);
+      if (!run.ok()) return run.status();
+      FitIteration it{.costs = costs, .twin = MedianStages(run->outcomes, warmup_ns)};
+      if (it.twin.requests == 0) {
+        return absl::FailedPreconditionError(
+            "the twin answered nothing OK after the warm-up under these costs");
+      }
+      const StageMedians& t = it.twin;
+      it.max_error =
+          std::max({RelError(t.hop_ms, real.hop_ms), RelError(t.compute_ms, real.compute_ms),
+                    RelError(t.lookup_ms, real.lookup_ms), RelError(t.fetch_ms, real.fetch_ms)});
+      // The background the real CPU calls for, given this run's node work.
+      absl::Duration background = costs.background_cpu;
+      if (options.real_cpu_per_request > 0 && run->stats.requests > 0) {
+        const double node =
+            absl::ToDoubleSeconds(run->stats.node_cpu) / static_cast<double>(run->stats.requests);
+        background = absl::Seconds(std::max(0.0, options.real_cpu_per_request - node));
+        it.max_error =
+            std::max(it.max_error,
+                     absl::ToDoubleSeconds(absl::AbsDuration(background - costs.background_cpu)) /
+                         options.real_cpu_per_request);
+      }
+      result.iterations.push_back(it);
+      if (it.max_error < best) {
+        best = it.max_error;
+        result.costs = costs;
+        result.max_error = best;
+        last = std::move(*run);
+      }
+      if (it.max_error <= options.tolerance) {
+        result.converged = true;
+        break;
+      }
+      // The next guess, stage by stage; the background is what the nodes' work leaves of the
+      // real CPU per request (the nodes' work changes with the stages' coefficients).
+      costs.background_cpu = background;
+      costs.router_overhead =
+          std::max(absl::ZeroDuration(),
+                   costs.router_overhead +
+                       absl::Nanoseconds(static_cast<int64_t>((real.hop_ms - t.hop_ms) * 1e6)));
+      if (t.compute_ms > 0 && real.compute_ms > 0) {
+        const double k = real.compute_ms / t.compute_ms;
+        costs.step_overhead = Scale(costs.step_overhead, k);
+        costs.flops_per_second /= k;
+      }
+      if (t.lookup_ms > 0 && real.lookup_ms > 0) {
+        const double k = real.lookup_ms / t.lookup_ms;
+        costs.request_overhead = Scale(costs.request_overhead, k);
+        costs.lookup_per_row = Scale(costs.lookup_per_row, k);
+      }
+      if (t.fetch_ms > 0 && real.fetch_ms > 0) {
+        const double k = real.fetch_ms / t.fetch_ms;
+        costs.fetch_overhead = Scale(costs.fetch_overhead, k);
+        costs.fetch_per_row = Scale(costs.fetch_per_row, k);
+      }
     }
-    const StageMedians& t = it.twin;
-    it.max_error =
-        std::max({RelError(t.hop_ms, real.hop_ms), RelError(t.compute_ms, real.compute_ms),
-                  RelError(t.lookup_ms, real.lookup_ms), RelError(t.fetch_ms, real.fetch_ms)});
-    result.iterations.push_back(it);
-    if (it.max_error < best) {
-      best = it.max_error;
-      result.costs = costs;
-      result.max_error = best;
+    costs = result.costs;
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(match());
+  if (options.slowdown_quantiles > 0) {
+    // What the twin's stage times do not explain, request by request: the real CPU stages
+    // (hops, lookup, fetch, compute) over the twin's for the same request, the median scaled
+    // to 1; then the stages are matched again with that slowdown in place.
+    auto cpu_ms = [](const TwinOutcome& o) {
+      const uint64_t hop = o.latency_ns > o.node_ns ? o.latency_ns - o.node_ns : 0;
+      return Ms(hop + o.lookup_ns + o.fetch_ns + o.compute_ns);
+    };
+    absl::flat_hash_map<uint64_t, double> by_index;
+    for (const TwinOutcome& o : last.outcomes) {
+      if (o.code == absl::StatusCode::kOk) by_index[o.index] = cpu_ms(o);
     }
-    if (it.max_error <= options.tolerance) {
-      result.converged = true;
-      break;
+    std::vector<double> ratios;
+    for (const TwinOutcome& o : real_outcomes) {
+      if (o.code != absl::StatusCode::kOk || o.sent_ns < warmup_ns) continue;
+      auto it = by_index.find(o.index);
+      if (it != by_index.end() && it->second > 0) ratios.push_back(cpu_ms(o) / it->second);
     }
-    // The next guess, stage by stage.
-    costs.router_overhead =
-        std::max(absl::ZeroDuration(),
-                 costs.router_overhead +
-                     absl::Nanoseconds(static_cast<int64_t>((real.hop_ms - t.hop_ms) * 1e6)));
-    if (t.compute_ms > 0 && real.compute_ms > 0) {
-      const double k = real.compute_ms / t.compute_ms;
-      costs.step_overhead = Scale(costs.step_overhead, k);
-      costs.flops_per_second /= k;
+    if (ratios.size() < static_cast<size_t>(options.slowdown_quantiles)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("too few requests answered in both runs (", ratios.size(), ") for ",
+                       options.slowdown_quantiles, " slowdown quantiles"));
     }
-    if (t.lookup_ms > 0 && real.lookup_ms > 0) {
-      const double k = real.lookup_ms / t.lookup_ms;
-      costs.request_overhead = Scale(costs.request_overhead, k);
-      costs.lookup_per_row = Scale(costs.lookup_per_row, k);
+    std::sort(ratios.begin(), ratios.end());
+    const double median = ratios[ratios.size() / 2];
+    costs.slowdown_quantiles.clear();
+    for (int i = 0; i < options.slowdown_quantiles; ++i) {
+      const double p = (i + 0.5) / options.slowdown_quantiles;
+      const auto at = std::min(ratios.size() - 1, static_cast<size_t>(p * ratios.size()));
+      costs.slowdown_quantiles.push_back(std::max(1e-3, ratios[at] / median));
     }
-    if (t.fetch_ms > 0 && real.fetch_ms > 0) {
-      const double k = real.fetch_ms / t.fetch_ms;
-      costs.fetch_overhead = Scale(costs.fetch_overhead, k);
-      costs.fetch_per_row = Scale(costs.fetch_per_row, k);
-    }
+    RETURN_IF_ERROR(match());
   }
   return result;
 }

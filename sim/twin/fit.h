@@ -11,8 +11,14 @@
 //   lookup                             request_overhead × k, lookup_per_row × k;
 //   fetch (requests that fetched)      fetch_overhead × k, fetch_per_row × k;
 // with k = real median ÷ twin median. The link (copy stage) is the profile's configuration, not a
-// fitted figure; its median is reported beside the others. Held-out runs (other regimes and α)
-// validate the result (`hlem sim compare`).
+// fitted figure; its median is reported beside the others. Given the CPU the real run used per
+// request (every process of the cluster and the load generator), background_cpu is set to what
+// the twin's node work leaves of it, so that the twin's cores are as busy as the real ones (the
+// contention that makes the real tail). Last, optionally, the per-request slowdown: the real CPU
+// stages of each request over the twin's for the same request, as quantiles (CostModel::
+// slowdown_quantiles: the stalls of a shared machine that processor sharing does not produce),
+// and the stages matched again. Held-out runs (other regimes and α) validate the result
+// (`hlem sim compare`).
 
 #include <cstdint>
 #include <functional>
@@ -39,6 +45,16 @@ StageMedians MedianStages(std::span<const TwinOutcome> outcomes, uint64_t warmup
 struct FitOptions {
   int max_iterations = 8;
   double tolerance = 0.01;  // stop when every fitted stage is within this relative error
+  // CPU seconds the real run used per request, all processes; 0 leaves background_cpu as it is.
+  double real_cpu_per_request = 0;
+  // Quantiles of the per-request slowdown to fit (CostModel::slowdown_quantiles); 0: none.
+  int slowdown_quantiles = 0;
+};
+
+// One replay of the real run's trace under some costs.
+struct SimulatedRun {
+  std::vector<TwinOutcome> outcomes;
+  TwinStats stats;
 };
 
 struct FitIteration {
@@ -54,12 +70,13 @@ struct FitResult {
   bool converged = false;
 };
 
-// `simulate` replays the real run's trace under the given costs and returns the twin's outcomes.
+// `real` are the real run's outcomes (with their stage timings; index = trace index). `simulate`
+// replays the real run's trace under the given costs.
 // A stage whose median is zero in either run (no fetches at all, say) keeps its coefficients.
 // INVALID_ARGUMENT when the real run has no OK answers after the warm-up.
 absl::StatusOr<FitResult> FitCosts(
-    const CostModel& start, const StageMedians& real, uint64_t warmup_ns,
-    const std::function<absl::StatusOr<std::vector<TwinOutcome>>(const CostModel&)>& simulate,
+    const CostModel& start, std::span<const TwinOutcome> real, uint64_t warmup_ns,
+    const std::function<absl::StatusOr<SimulatedRun>(const CostModel&)>& simulate,
     const FitOptions& options = {});
 
 }  // namespace hlem::sim

@@ -1,14 +1,23 @@
 #include "sim/twin/sim_node.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "common/rng.h"
 #include "common/status_macros.h"
 #include "serving_node/core/pipeline.h"
 
 namespace hlem::sim {
+
+namespace {
+
+constexpr uint64_t kSampleKey = 0x73616d706c65ULL;  // "sample"
+constexpr double kSampleDecay = 0.98;               // per lookup of a table at a node
+
+}  // namespace
 
 using serving::InferInput;
 using serving::InferOutput;
@@ -19,12 +28,15 @@ struct SimExecutor::Job {
   InferOutput out;
   absl::Status error;
   uint64_t prior = 0, total = 0, first = 0, cached = 0, fresh = 0, candidates = 0;
+  double slowdown = 1;  // of this request's CPU stages (CostModel::Slowdown)
   std::optional<serving::KvAppendResult> append;
   bool pinned = false;
   // Per table (feature order): distinct rows to fetch, and which of them to admit.
   struct Table {
     uint32_t table_id = 0;
-    std::vector<uint64_t> fetch, admit, reserved;
+    std::vector<uint64_t> fetch, admit, reserved;  // sampled rows (all rows when emb_sample = 1)
+    uint64_t estimated_misses = 0;  // of the rows outside the sample (emb_sample > 1)
+    uint64_t Fetched() const { return fetch.size() + estimated_misses; }
   };
   std::vector<Table> tables;
   uint32_t copies_in_flight = 0;
@@ -41,7 +53,8 @@ SimExecutor::SimExecutor(const SimNodeOptions& options, const CostModel& costs,
       generator_(events),
       parts_(parts),
       clock_(clock),
-      row_bytes_(options.model.dim * 4) {}
+      row_bytes_(options.model.dim * 4),
+      entry_bytes_(row_bytes_ * options.emb_sample) {}
 
 SimExecutor::~SimExecutor() { *alive_ = false; }
 
@@ -109,6 +122,7 @@ void SimExecutor::Prepare(Job& job) {
   job.total = job.prior + job.in.history.size() / F;
   job.first = WindowStart(job.total);
   job.candidates = job.in.candidates.size() / F;
+  job.slowdown = costs_.Slowdown(user, job.prior);
   const uint64_t window = job.total - job.first;
 
   // 1. The cached prefix and the new tokens' slots.
@@ -168,23 +182,30 @@ void SimExecutor::Prepare(Job& job) {
                     [&](const Job::Table& t) { return t.table_id == table; })) {
       continue;  // a table shared by two features was looked up with the first
     }
+    // The distinct rows; the sampled ones go to the cache (all of them when emb_sample = 1).
+    const uint32_t every = options_.emb_sample;
     absl::flat_hash_set<uint64_t> seen;
     std::vector<uint64_t> rows;
+    uint64_t unsampled = 0;
+    Job::Table t{.table_id = table};
     for (size_t g = f; g < F; ++g) {
       if (features[g].table_id != table) continue;
       for (size_t i = g; i < ids.size(); i += F) {
-        if (seen.insert(ids[i]).second) rows.push_back(ids[i]);
+        if (!seen.insert(ids[i]).second) continue;
+        ++distinct;
+        if (every == 1 || KeyedHash(kSampleKey, table, ids[i]) % every == 0) {
+          rows.push_back(ids[i]);
+        } else {
+          ++unsampled;
+        }
       }
     }
-    distinct += rows.size();
     if (absl::Status st = parts_.emb->Lookup(table, rows, &result); !st.ok()) {
       job.error = absl::InternalError(absl::StrCat("EMB lookup: ", st.message()));
       break;
     }
     if (parts_.sketch != nullptr) parts_.sketch->RecordBatch(table, rows);
     if (parts_.tracker != nullptr) parts_.tracker->Record(table, rows);
-    job.out.emb_hits += result.hits;
-    Job::Table t{.table_id = table};
     size_t m = 0, p = 0;
     while (m < result.miss_positions.size() || p < result.pending_positions.size()) {
       const bool miss = p == result.pending_positions.size() ||
@@ -194,31 +215,51 @@ void SimExecutor::Prepare(Job& job) {
       t.fetch.push_back(row);
       if (miss) t.admit.push_back(row);
     }
-    job.out.emb_misses += t.fetch.size();
+    if (unsampled > 0) {
+      // The rows outside the sample miss at the sample's rate: this request's sampled rows,
+      // shrunk towards the node's recent rate for the table (a request may hold few sampled
+      // rows), rounded by keyed randomness.
+      SampleRate& rate = sample_rate_[table];
+      const double recent = rate.looked_up > 0 ? rate.missed / rate.looked_up : 1.0;
+      constexpr double kPrior = 8;  // weight of the node's rate, in sampled rows
+      const double p = (static_cast<double>(t.fetch.size()) + kPrior * recent) /
+                       (static_cast<double>(rows.size()) + kPrior);
+      const double expected = p * static_cast<double>(unsampled);
+      const double u = static_cast<double>(KeyedHash(kSampleKey, user, job.prior, table) >> 11) /
+                       static_cast<double>(uint64_t{1} << 53);
+      t.estimated_misses =
+          static_cast<uint64_t>(expected) + (u < expected - std::floor(expected) ? 1 : 0);
+      rate.missed = rate.missed * kSampleDecay + static_cast<double>(t.fetch.size());
+      rate.looked_up = rate.looked_up * kSampleDecay + static_cast<double>(rows.size());
+    }
+    const uint64_t fetched = t.Fetched();
+    job.out.emb_misses += fetched;
+    job.out.emb_hits += seen.size() - fetched;
     job.tables.push_back(std::move(t));
   }
   if (!job.error.ok()) {
     Prepared(job);
     return;
   }
+  const absl::Duration overhead = costs_.request_overhead * job.slowdown;
   const absl::Duration cpu =
-      costs_.request_overhead + costs_.lookup_per_row * static_cast<int64_t>(distinct);
-  job.out.kv_seconds = costs_.request_overhead;
-  job.out.emb_seconds = cpu - costs_.request_overhead;
+      overhead + costs_.lookup_per_row * static_cast<int64_t>(distinct) * job.slowdown;
+  job.out.kv_seconds = overhead;
+  job.out.emb_seconds = cpu - overhead;
   compute_.Run(cpu, [this, &job, alive = alive_] {
     if (*alive) FetchFrom(job, 0);
   });
 }
 
 void SimExecutor::FetchFrom(Job& job, size_t table) {
-  while (table < job.tables.size() && job.tables[table].fetch.empty()) ++table;
+  while (table < job.tables.size() && job.tables[table].Fetched() == 0) ++table;
   if (table == job.tables.size()) {
     job.fetches_done = true;
     job.copy_wait_from = clock_.Now();
     if (job.copies_in_flight == 0) Prepared(job);
     return;
   }
-  const absl::Duration fetch = costs_.FetchTime(job.tables[table].fetch.size());
+  const absl::Duration fetch = costs_.FetchTime(job.tables[table].Fetched()) * job.slowdown;
   job.out.fetch_seconds += fetch;
   job.out.emb_seconds += fetch;
   clock_.ScheduleAfter(fetch, [this, &job, table, alive = alive_] {
@@ -227,6 +268,8 @@ void SimExecutor::FetchFrom(Job& job, size_t table) {
     Job::Table& t = job.tables[table];
     serving::EmbReservation reservation;
     (void)parts_.emb->ReserveBatch(t.table_id, t.admit, &reservation);
+    // One row's bytes per reserved slot (a sampled row's entry stands for emb_sample rows'
+    // space; the request copies its own row), a copy per run of consecutive slots.
     std::vector<uint64_t> offsets;
     for (uint32_t i : reservation.reserved_positions) {
       t.reserved.push_back(t.admit[i]);
@@ -235,7 +278,7 @@ void SimExecutor::FetchFrom(Job& job, size_t table) {
     std::sort(offsets.begin(), offsets.end());
     const uint64_t max_copy = options_.local.pipeline.max_copy_bytes;
     for (size_t begin = 0, i = 1; i <= offsets.size(); ++i) {
-      if (i < offsets.size() && offsets[i] == offsets[i - 1] + row_bytes_ &&
+      if (i < offsets.size() && offsets[i] == offsets[i - 1] + entry_bytes_ &&
           (i - begin) * row_bytes_ < max_copy) {
         continue;
       }
@@ -248,8 +291,9 @@ void SimExecutor::FetchFrom(Job& job, size_t table) {
       begin = i;
     }
     // Rows the cache did not take (no room, or pending under another request's copy) still
-    // cross the link to be used, in one staged copy, as in the real pipeline.
-    if (const size_t unadmitted = t.fetch.size() - t.reserved.size(); unadmitted > 0) {
+    // cross the link to be used, in one staged copy, as in the real pipeline; so do the
+    // estimated misses outside the sample (their admission is the sampled rows').
+    if (const uint64_t unadmitted = t.Fetched() - t.reserved.size(); unadmitted > 0) {
       ++job.copies_in_flight;
       parts_.device->CopyToPool(serving::CopyClass::kCritical, serving::CopyPurpose::kEmbMiss,
                                 nullptr, 0, unadmitted * row_bytes_,
@@ -280,14 +324,15 @@ void SimExecutor::Prepared(Job& job) {
 }
 
 void SimExecutor::RunModel() {
-  double flops = 0;
+  double flops = 0, slowdown = 1;  // a stall slows the batch's whole step
   for (const auto& job : batch_) {
     if (job->error.ok()) {
+      slowdown = std::max(slowdown, job->slowdown);
       flops +=
           serving::CachedForwardFlops(options_.model, job->cached, job->fresh, job->candidates);
     }
   }
-  const absl::Duration step = costs_.StepTime(flops);
+  const absl::Duration step = costs_.StepTime(flops) * slowdown;
   for (auto& job : batch_) job->out.compute_seconds = step;
   compute_.Run(step, [this, alive = alive_] {
     if (*alive) FinishBatch();
@@ -326,9 +371,14 @@ absl::StatusOr<std::unique_ptr<SimNode>> SimNode::Create(const SimNodeOptions& o
                                                          const WorkloadGenerator& events,
                                                          uint64_t epoch, Clock& clock) {
   const serving::LocalNodeOptions& o = options.local;
+  const uint32_t every = options.emb_sample;
+  if (every == 0) return absl::InvalidArgumentError("emb_sample: must be positive (1 = every row)");
   auto n = std::make_unique<SimNode>();
-  const serving::EmbCacheOptions emb_options =
-      serving::EmbCacheOptionsFor(o, options.model.dim * 4);
+  const uint32_t row_bytes = options.model.dim * 4;  // fp32 tables (the node config's check)
+  // A sampled row's entry holds `every` rows' bytes: the cache holds 1 in `every` of the rows
+  // it would hold at row level.
+  serving::EmbCacheOptions emb_options = serving::EmbCacheOptionsFor(o, row_bytes);
+  for (serving::EmbTableSpec& t : emb_options.tables) t.row_bytes *= every;
   ASSIGN_OR_RETURN(
       n->pool, serving::HbmPool::Create({.pool_bytes = o.pool_bytes, .page_bytes = o.page_bytes}));
   ASSIGN_OR_RETURN(n->device, SimDevice::Create(o.pool_bytes, o.link, clock));
@@ -369,7 +419,7 @@ absl::StatusOr<std::unique_ptr<SimNode>> SimNode::Create(const SimNodeOptions& o
                                                    .residency = n->residency.get(),
                                                    .refiller = n->refiller.get(),
                                                    .tracker = n->tracker.get(),
-                                                   .row_bytes = options.model.dim * 4,
+                                                   .row_bytes = row_bytes,
                                                    .link_bytes_per_second = o.link.bytes_per_second,
                                                    .max_queue = o.queue.max_queue},
                                                   clock));

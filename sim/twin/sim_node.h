@@ -11,8 +11,9 @@
 //      window would fail the real node's hash check: the K/V are evicted), then LookupPrefix;
 //      Append reserves the slots of the new tokens (EventToken of each event, as the node hashes).
 //   2. EMB: the distinct rows of the new history tokens and the candidates, per table in feature
-//      order: Lookup, popularity sketch, residency tracker. CPU work: request_overhead +
-//      lookup_per_row × rows, on the shared compute units.
+//      order: Lookup, popularity sketch, residency tracker (of the sampled rows, when
+//      emb_sample > 1). CPU work: request_overhead + lookup_per_row × rows, on the shared
+//      compute units.
 //   3. Per table with misses (and rows pending under another request's copy): one shard fetch
 //      (fetch_overhead + fetch_per_row × rows, a delay), then ReserveBatch and one critical copy
 //      per run of consecutive slots over the node's link (EmulatedLink, shared with refill), and
@@ -61,6 +62,13 @@ struct SimNodeOptions {
   serving::LocalNodeOptions local;  // as the node config resolves it (ResolveLocalNodeOptions)
   serving::HstuConfig model;        // the compute cost and the KV layout
   uint32_t kv_dtype_bytes = 4;      // the cpu runner stores fp32 K/V; bf16 on a GPU
+  // EMB sampling (paper scale, docs/simulator.md): the EMB cache, popularity sketch, refill and
+  // residency tracker see only the rows whose keyed hash is 0 mod emb_sample, each entry holding
+  // emb_sample rows' bytes, so the cache tracks 1 in emb_sample of the rows it would hold (spatial
+  // sampling, as SHARDS does for miss-ratio curves). The other rows of a request miss at the
+  // sampled rows' rate; lookups, fetches and copies are charged per row the request uses.
+  // 1 = row level (exact).
+  uint32_t emb_sample = 1;
 };
 
 class SimExecutor final : public serving::InferExecutor {
@@ -104,7 +112,12 @@ class SimExecutor final : public serving::InferExecutor {
   const WorkloadGenerator& generator_;
   const Parts parts_;
   Clock& clock_;
-  const uint32_t row_bytes_;
+  const uint32_t row_bytes_;    // one embedding row
+  const uint32_t entry_bytes_;  // one EMB cache entry: emb_sample rows' bytes
+  struct SampleRate {           // decayed counts of sampled rows looked up and missed, per table
+    double missed = 0, looked_up = 0;
+  };
+  absl::flat_hash_map<uint32_t, SampleRate> sample_rate_;
   std::deque<std::unique_ptr<Job>> queue_;
   std::vector<std::unique_ptr<Job>> batch_;
   size_t next_ = 0;  // the batch's request being prepared

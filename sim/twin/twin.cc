@@ -139,9 +139,18 @@ bool Twin::ScheduleNext() {
   outcomes_.emplace_back();
   clock_.ScheduleAt(start_ + absl::Nanoseconds(static_cast<int64_t>(r->trace.t_ns)), [this, r] {
     ScheduleNext();  // keeps one request read ahead
-    clock_.ScheduleAfter(options_.costs.router_overhead / 2, [this, r] { Dispatch(r, 0); });
+    if (options_.costs.background_cpu > absl::ZeroDuration() && compute_.size() == 1) {
+      background_ += options_.costs.background_cpu;
+      compute_[0]->Run(options_.costs.background_cpu, [] {});
+    }
+    clock_.ScheduleAfter(Hop(*r), [this, r] { Dispatch(r, 0); });
   });
   return true;
+}
+
+absl::Duration Twin::Hop(const Request& r) const {
+  return options_.costs.router_overhead / 2 *
+         options_.costs.Slowdown(r.trace.user, r.trace.prior_events);
 }
 
 void Twin::Dispatch(std::shared_ptr<Request> r, int attempt) {
@@ -159,7 +168,7 @@ void Twin::Dispatch(std::shared_ptr<Request> r, int attempt) {
                                ? "every serving node is above the load threshold"
                                : "no live serving node";
     }
-    clock_.ScheduleAfter(options_.costs.router_overhead / 2, [this, r] { Record(*r); });
+    clock_.ScheduleAfter(Hop(*r), [this, r] { Record(*r); });
     return;
   }
   r->outcome.node = n;
@@ -203,7 +212,7 @@ void Twin::Dispatch(std::shared_ptr<Request> r, int attempt) {
           Dispatch(r, 1);  // the router's one retry on another node
           return;
         }
-        clock_.ScheduleAfter(options_.costs.router_overhead / 2, [this, r] { Record(*r); });
+        clock_.ScheduleAfter(Hop(*r), [this, r] { Record(*r); });
       });
 }
 
@@ -213,8 +222,7 @@ void Twin::Record(const Request& r) {
                                        static_cast<int64_t>(o.sent_ns));
   // The router's span: from its receipt (a quarter of the overhead after the send) to its
   // response (a quarter before the client has it).
-  const auto hops =
-      static_cast<uint64_t>(absl::ToInt64Nanoseconds(options_.costs.router_overhead / 2));
+  const auto hops = static_cast<uint64_t>(absl::ToInt64Nanoseconds(Hop(r)));
   o.router_ns = o.latency_ns > hops ? o.latency_ns - hops : 0;
   for (uint64_t v : {o.index, static_cast<uint64_t>(o.code), o.latency_ns,
                      static_cast<uint64_t>(o.node + 1), uint64_t{o.cached_prefix_tokens}}) {
@@ -247,11 +255,11 @@ void Twin::RunUntil(absl::Duration t) {
 bool Twin::AnsweredBefore(absl::Duration t) const {
   const auto limit = static_cast<uint64_t>(absl::ToInt64Nanoseconds(t));
   if (!trace_done_ && last_t_ns_ < limit) return false;  // more requests may come before t
-  for (const TwinOutcome& o : outcomes_) {
-    if (o.sent_ns >= limit) break;
-    if (!o.answered) return false;
+  // Outcomes are in trace (= sent) order; the answered prefix only grows.
+  while (answered_prefix_ < outcomes_.size() && outcomes_[answered_prefix_].answered) {
+    ++answered_prefix_;
   }
-  return true;
+  return answered_prefix_ == outcomes_.size() || outcomes_[answered_prefix_].sent_ns >= limit;
 }
 
 absl::Status Twin::SetAlpha(double alpha) {
@@ -279,13 +287,17 @@ absl::Status Twin::Finish() {
       hash_ = Mix64(hash_ ^ v);
     }
   }
+  absl::Duration busy;
+  for (const auto& c : compute_) busy += c->busy();
   stats_ = {
       .requests = read_,
       .timers_run = timers_,
       .simulated = clock_.Now() - start_,
       .wall_seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start_).count(),
-      .log_hash = hash_};
+      .log_hash = hash_,
+      .node_cpu = busy - background_,
+      .background = background_};
   if (!trace_error_.ok()) return trace_error_;
   if (answered_ != read_) {
     return absl::InternalError(

@@ -66,7 +66,9 @@ struct TwinStats {
   uint64_t timers_run = 0;  // simulation events
   absl::Duration simulated;
   double wall_seconds = 0;
-  uint64_t log_hash = 0;  // of every outcome in completion order and the nodes' final counters
+  uint64_t log_hash = 0;      // of every outcome in completion order and the nodes' final counters
+  absl::Duration node_cpu;    // unit-time the nodes' modelled work took on the compute units
+  absl::Duration background;  // background_cpu submitted (CostModel)
 };
 
 class Twin {
@@ -119,6 +121,8 @@ class Twin {
   bool ReadSource(TraceRequest* out);  // the read-ahead first, then the source
   // Routes (attempt 0, or the router's one retry on UNAVAILABLE / RESOURCE_EXHAUSTED elsewhere).
   void Dispatch(std::shared_ptr<Request> r, int attempt);
+  // One client-router-node hop of a request (half the router overhead, slowed down).
+  absl::Duration Hop(const Request& r) const;
   void Record(const Request& r);
 
   const TwinOptions options_;
@@ -133,6 +137,9 @@ class Twin {
   bool started_ = false, finished_ = false, trace_done_ = false, sealed_ = false,
        source_done_ = false;
   uint64_t read_ = 0, answered_ = 0, last_t_ns_ = 0, timers_ = 0, decision_ = 0;
+  mutable size_t answered_prefix_ = 0;
+  absl::Duration background_;  // background_cpu submitted so far  // outcomes_[0, this) are
+                               // answered (AnsweredBefore)
   std::chrono::steady_clock::time_point wall_start_;
   absl::Status trace_error_;
   TwinStats stats_;

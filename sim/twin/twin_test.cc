@@ -200,10 +200,11 @@ TEST(FitTest, RecoversTheCostsARunWasMadeWith) {
   const WorkloadConfig workload = testing::TinyWorkload();
   const std::vector<TraceRequest> trace = Generate(workload);
   const TwinOptions options = testing::TinyTwin(workload);
-  auto simulate = [&](const CostModel& costs) -> absl::StatusOr<std::vector<TwinOutcome>> {
+  auto simulate = [&](const CostModel& costs) -> absl::StatusOr<SimulatedRun> {
     TwinOptions o = options;
     o.costs = costs;
-    return RunTwin(o, workload, trace)->outcomes();
+    std::unique_ptr<Twin> twin = RunTwin(o, workload, trace);
+    return SimulatedRun{.outcomes = twin->outcomes(), .stats = twin->stats()};
   };
   const CostModel start = options.costs;
   CostModel truth = start;
@@ -214,11 +215,18 @@ TEST(FitTest, RecoversTheCostsARunWasMadeWith) {
   truth.lookup_per_row *= 2.0;
   truth.fetch_overhead *= 1.7;
   truth.fetch_per_row *= 1.7;
+  truth.background_cpu = absl::Microseconds(800);
   const uint64_t warmup = 1'000'000'000;
-  const StageMedians real = MedianStages(*simulate(truth), warmup);
+  const absl::StatusOr<SimulatedRun> truth_run = simulate(truth);
+  const StageMedians real = MedianStages(truth_run->outcomes, warmup);
   ASSERT_GT(real.requests, 200u);
   ASSERT_GT(real.fetch_ms, 0);
-  absl::StatusOr<FitResult> fit = FitCosts(start, real, warmup, simulate);
+  const TwinStats& s = truth_run->stats;
+  const double cpu_per_request =
+      absl::ToDoubleSeconds(s.node_cpu + s.background) / static_cast<double>(s.requests);
+  absl::StatusOr<FitResult> fit =
+      FitCosts(start, truth_run->outcomes, warmup, simulate,
+               {.max_iterations = 12, .real_cpu_per_request = cpu_per_request});
   ASSERT_TRUE(fit.ok()) << fit.status();
   EXPECT_TRUE(fit->converged) << fit->iterations.back().max_error;
   EXPECT_GT(fit->iterations.front().max_error, 0.2);  // the start was far off
@@ -231,9 +239,50 @@ TEST(FitTest, RecoversTheCostsARunWasMadeWith) {
                    absl::ToDoubleMicroseconds(truth.fetch_per_row)));
   EXPECT_TRUE(near(absl::ToDoubleMicroseconds(fit->costs.router_overhead),
                    absl::ToDoubleMicroseconds(truth.router_overhead)));
+  EXPECT_TRUE(near(absl::ToDoubleMicroseconds(fit->costs.background_cpu), 800))
+      << fit->costs.background_cpu;
   // Nothing to fit from: a clear error.
-  EXPECT_EQ(FitCosts(start, StageMedians{}, warmup, simulate).status().code(),
+  EXPECT_EQ(FitCosts(start, {}, warmup, simulate).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// EMB sampling (paper scale): the cache tracks 1 in N rows; every fetched row still crosses the
+// link once and is counted once, and the hit rate stays near the row-level one.
+TEST(TwinTest, SampledEmbChargesPerRowAndTracksRowLevelHits) {
+  WorkloadConfig workload = testing::TinyWorkload();
+  workload.features[0].rows = 64 * 1024;  // communities of 1024 rows
+  workload.rate = 400;                    // enough sampled lookups to estimate from
+  const std::vector<TraceRequest> trace = Generate(workload);
+  auto run = [&](uint32_t every, double* hit_rate) {
+    TwinOptions options = testing::TinyTwin(workload);
+    options.node.emb_sample = every;
+    std::unique_ptr<Twin> twin = RunTwin(options, workload, trace);
+    uint64_t hits = 0, misses = 0, ok = 0;
+    for (const TwinOutcome& o : twin->outcomes()) {
+      ok += o.code == absl::StatusCode::kOk;
+      hits += o.emb_hits;
+      misses += o.emb_misses;
+    }
+    EXPECT_EQ(ok, trace.size());
+    uint64_t miss_bytes = 0;
+    for (size_t n = 0; n < twin->num_nodes(); ++n) {
+      miss_bytes +=
+          twin->node(n).device->stats().bytes[static_cast<int>(serving::CopyPurpose::kEmbMiss)];
+      EXPECT_TRUE(twin->node(n).emb->CheckInvariants().ok());
+    }
+    EXPECT_EQ(miss_bytes, misses * 64 * 4) << "every fetched row crosses the link once";
+    *hit_rate = static_cast<double>(hits) / static_cast<double>(hits + misses);
+  };
+  double rows = 0, sampled = 0;
+  run(1, &rows);
+  run(4, &sampled);
+  EXPECT_GT(rows, 0.2);
+  EXPECT_NEAR(sampled, rows, 0.05);
+  TwinOptions bad = testing::TinyTwin(workload);
+  bad.node.emb_sample = 0;
+  auto twin = Twin::Create(bad, workload);
+  ASSERT_FALSE(twin.ok());
+  EXPECT_NE(twin.status().message().find("emb_sample"), std::string::npos) << twin.status();
 }
 
 TEST(TwinTest, BadOptionsNameTheField) {
