@@ -123,25 +123,54 @@ struct RunResult {
   std::string nodes;  // a line per node: its caches and link over the whole run
 };
 
+// A line per node over the whole run (beyond 16 nodes: the cluster's totals and the spread of
+// requests per node instead).
 std::string NodeLines(sim::Twin& twin) {
   std::string out;
   const double seconds = absl::ToDoubleSeconds(twin.stats().simulated);
+  const int miss = static_cast<int>(serving::CopyPurpose::kEmbMiss);
+  const int refill = static_cast<int>(serving::CopyPurpose::kEmbRefill);
+  auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
+  const bool each = twin.num_nodes() <= 16;
+  std::vector<uint64_t> per_node;
+  double lookups = 0, reused = 0, requested = 0, hits = 0, emb_lookups = 0, copies = 0,
+         copy_bytes = 0, refill_bytes = 0, busiest_link = 0;
   for (size_t i = 0; i < twin.num_nodes(); ++i) {
     sim::SimNode& n = twin.node(i);
     const serving::KvCacheStats kv = n.kv->Stats();
     const serving::EmbCacheStats emb = n.emb->GetStats();
     const serving::DeviceCopyStats dev = n.device->stats();
-    const int miss = static_cast<int>(serving::CopyPurpose::kEmbMiss);
-    const int refill = static_cast<int>(serving::CopyPurpose::kEmbRefill);
-    auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
+    const double link = ratio(dev.link_busy_ns / 1e9, seconds);
+    if (each) {
+      absl::StrAppendFormat(
+          &out,
+          "node-%d: %d requests, KV reuse %.1f %% of tokens, EMB hits %.1f %% of rows, %.1f miss "
+          "copies (%.1f KiB) per request, refill %.1f MiB, link busy %.1f %%\n",
+          i, kv.lookups, 100 * ratio(kv.tokens_reused, kv.tokens_requested),
+          100 * ratio(emb.hits, emb.lookups), ratio(dev.copies[miss], kv.lookups),
+          ratio(dev.bytes[miss], kv.lookups) / 1024, dev.bytes[refill] / 1048576.0, 100 * link);
+    }
+    per_node.push_back(kv.lookups);
+    lookups += kv.lookups;
+    reused += kv.tokens_reused;
+    requested += kv.tokens_requested;
+    hits += emb.hits;
+    emb_lookups += emb.lookups;
+    copies += dev.copies[miss];
+    copy_bytes += dev.bytes[miss];
+    refill_bytes += dev.bytes[refill];
+    busiest_link = std::max(busiest_link, link);
+  }
+  if (!each && !per_node.empty()) {
+    std::sort(per_node.begin(), per_node.end());
     absl::StrAppendFormat(
         &out,
-        "node-%d: %d requests, KV reuse %.1f %% of tokens, EMB hits %.1f %% of rows, %.1f miss "
-        "copies (%.1f KiB) per request, refill %.1f MiB, link busy %.1f %%\n",
-        i, kv.lookups, 100 * ratio(kv.tokens_reused, kv.tokens_requested),
-        100 * ratio(emb.hits, emb.lookups), ratio(dev.copies[miss], kv.lookups),
-        ratio(dev.bytes[miss], kv.lookups) / 1024, dev.bytes[refill] / 1048576.0,
-        100 * ratio(dev.link_busy_ns / 1e9, seconds));
+        "%d nodes: requests per node min %d, median %d, max %d; KV reuse %.1f %% of tokens, EMB "
+        "hits %.1f %% of rows, %.1f miss copies (%.1f KiB) per request, refill %.1f MiB, busiest "
+        "link %.1f %%\n",
+        per_node.size(), per_node.front(), per_node[per_node.size() / 2], per_node.back(),
+        100 * ratio(reused, requested), 100 * ratio(hits, emb_lookups), ratio(copies, lookups),
+        ratio(copy_bytes, lookups) / 1024, refill_bytes / 1048576.0, 100 * busiest_link);
   }
   return out;
 }
