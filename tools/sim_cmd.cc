@@ -35,7 +35,8 @@ namespace hlem::tools {
 namespace {
 
 struct SimFlags {
-  std::string trace, node_config = "deploy/local/node.yaml", costs = "sim/costs/cpu-local.yaml";
+  std::string trace, node_config = "deploy/local/node.yaml",
+                     costs = "sim/costs/cpu-local-cluster.yaml";
   std::string router = "hlem", csv, windows_csv, alphas, follow = "star";
   uint32_t nodes = 4, emb_sample = 1;
   double alpha = 0.5, slo_ms = 0, warmup_s = 0;
