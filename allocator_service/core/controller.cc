@@ -1,0 +1,175 @@
+#include "allocator_service/core/controller.h"
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace hlem::allocator {
+namespace {
+
+double Unit(double x) { return std::isfinite(x) ? std::clamp(x, 0.0, 1.0) : 0.0; }
+
+class StaticController final : public Controller {
+ public:
+  explicit StaticController(double alpha) : alpha_(alpha) {}
+  std::string name() const override { return absl::StrFormat("static(%.2f)", alpha_); }
+  Decision Decide(std::span<const WindowState>) override {
+    return {.alpha = alpha_, .reason = Reason::kStatic, .detail = "fixed"};
+  }
+
+ private:
+  const double alpha_;
+};
+
+// EMA (weight 2 ÷ (n + 1)) and σ of P99 over the windows judged normal.
+struct Baseline {
+  double ema = 0, sigma = 0;
+};
+Baseline P99Baseline(const std::deque<double>& p99) {
+  Baseline b;
+  if (p99.empty()) return b;
+  const double weight = 2.0 / static_cast<double>(p99.size() + 1);
+  double mean = 0;
+  b.ema = p99.front();
+  for (size_t i = 0; i < p99.size(); ++i) {
+    if (i > 0) b.ema += weight * (p99[i] - b.ema);
+    mean += p99[i];
+  }
+  mean /= static_cast<double>(p99.size());
+  double var = 0;
+  for (double v : p99) var += (v - mean) * (v - mean);
+  b.sigma = std::sqrt(var / static_cast<double>(p99.size()));
+  return b;
+}
+
+class RecoveryController final : public Controller {
+ public:
+  RecoveryController(std::unique_ptr<Controller> inner, const RecoveryOptions& options)
+      : inner_(std::move(inner)), o_(options) {}
+  std::string name() const override { return absl::StrCat(inner_->name(), "+recovery"); }
+
+  Decision Decide(std::span<const WindowState> history) override {
+    const WindowState& now = history.back();
+    const bool judged = normal_.size() >= static_cast<size_t>(o_.history);
+    const Baseline b = P99Baseline(normal_);
+    const double bound = std::max(b.ema + o_.sigmas * b.sigma, o_.slo_fraction * now.slo_seconds);
+    const bool over = judged && now.requests > 0 && now.p99_seconds > bound;
+    if (!active_) {
+      if (!over) {
+        over_run_ = 0;
+        Remember(now);
+        return inner_->Decide(history);
+      }
+      if (++over_run_ == 1) {  // the first window over: the baseline before the incident
+        frozen_ = b;
+        fired_bound_ = bound;
+      }
+      if (over_run_ < o_.fire_windows) return inner_->Decide(history);
+      active_ = true;
+      below_ = 0;
+    } else if (now.p99_seconds < frozen_.ema + frozen_.sigma) {
+      Remember(now);
+      if (++below_ >= o_.exit_windows) {
+        active_ = false;
+        over_run_ = 0;
+        Decision d = inner_->Decide(history);
+        d.detail = absl::StrCat("recovery ended; ", d.detail);
+        return d;
+      }
+    } else {
+      below_ = 0;
+    }
+    const double excess = fired_bound_ > 0 ? (now.p99_seconds - fired_bound_) / fired_bound_ : 0;
+    const double step =
+        now.hot_user_ratio > o_.hot_ratio ? o_.max_step * std::clamp(excess, 0.0, 1.0) : 0.0;
+    const double alpha = o_.bounds.Clip(now.alpha - step);
+    return {.alpha = alpha,
+            .reason = Reason::kRecovery,
+            .detail = absl::StrFormat(
+                "P99 %.1f ms, bound %.1f ms, hot-user ratio %.2f: alpha %.2f -> %.2f",
+                now.p99_seconds * 1e3, fired_bound_ * 1e3, now.hot_user_ratio, now.alpha, alpha)};
+  }
+
+ private:
+  void Remember(const WindowState& w) {
+    if (w.requests == 0) return;
+    normal_.push_back(w.p99_seconds);
+    if (normal_.size() > static_cast<size_t>(o_.history)) normal_.pop_front();
+  }
+
+  std::unique_ptr<Controller> inner_;
+  const RecoveryOptions o_;
+  std::deque<double> normal_;  // P99 of the last `history` windows judged normal
+  int over_run_ = 0;           // consecutive windows over the bound
+  bool active_ = false;
+  int below_ = 0;
+  Baseline frozen_;
+  double fired_bound_ = 0;
+};
+
+}  // namespace
+
+std::array<double, kNumFeatures> Features(const WindowState& w) {
+  const double cap = w.p99_norm_cap > 0 ? w.p99_norm_cap : 1;
+  const double p99_norm = w.slo_seconds > 0 ? std::min(w.p99_seconds / w.slo_seconds, cap) : cap;
+  return {Unit(w.hot_user_ratio),
+          Unit(w.kv_hit_rate),
+          Unit(w.emb_hit_rate),
+          Unit(w.mean_seq_len_norm),
+          Unit(w.slo_violation_fraction),
+          Unit(w.alpha),
+          Unit(p99_norm / cap)};
+}
+
+double Reward(const WindowState& w) {
+  const double satisfied = 1 - Unit(w.slo_violation_fraction);
+  if (w.slo_seconds <= 0) return satisfied;
+  return satisfied - std::max(0.0, w.p99_seconds - w.slo_seconds) / w.slo_seconds;
+}
+
+const char* ReasonName(Reason reason) {
+  switch (reason) {
+    case Reason::kStatic:
+      return "static";
+    case Reason::kHold:
+      return "hold";
+    case Reason::kPolicy:
+      return "policy";
+    case Reason::kRecovery:
+      return "recovery";
+    case Reason::kBaseline:
+      return "baseline";
+  }
+  return "unknown";
+}
+
+double Bounds::Clip(double alpha) const { return std::clamp(alpha, alpha_min, alpha_max); }
+
+std::unique_ptr<Controller> MakeStatic(double alpha) {
+  return std::make_unique<StaticController>(alpha);
+}
+
+absl::StatusOr<std::unique_ptr<Controller>> MakeRecovery(std::unique_ptr<Controller> inner,
+                                                         const RecoveryOptions& o) {
+  if (inner == nullptr) return absl::InvalidArgumentError("recovery: no inner controller");
+  if (o.history < 2 || o.fire_windows < 1 || o.exit_windows < 1) {
+    return absl::InvalidArgumentError(
+        "recovery: history must be >= 2 and fire_windows, exit_windows >= 1");
+  }
+  if (!(o.max_step >= 0 && o.max_step <= 1) || !(o.sigmas >= 0) ||
+      !(o.slo_fraction >= 0 && o.slo_fraction <= 10) ||
+      !(o.bounds.alpha_min >= 0 && o.bounds.alpha_min <= o.bounds.alpha_max &&
+        o.bounds.alpha_max <= 1)) {
+    return absl::InvalidArgumentError(
+        "recovery: max_step in [0, 1], sigmas >= 0, slo_fraction in [0, 10], 0 <= alpha_min <= "
+        "alpha_max <= 1");
+  }
+  return std::unique_ptr<Controller>(std::make_unique<RecoveryController>(std::move(inner), o));
+}
+
+}  // namespace hlem::allocator
