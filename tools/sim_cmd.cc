@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,8 +22,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "allocator_service/core/controller.h"
 #include "router/core/policy.h"
 #include "serving_node/service/node_config.h"
+#include "sim/twin/control.h"
 #include "sim/twin/cost_model.h"
 #include "sim/twin/fit.h"
 #include "sim/twin/oracle.h"
@@ -37,7 +40,7 @@ namespace {
 struct SimFlags {
   std::string trace, node_config = "deploy/local/node.yaml",
                      costs = "sim/costs/cpu-local-cluster.yaml";
-  std::string router = "hlem", csv, windows_csv, alphas, follow = "star";
+  std::string router = "hlem", csv, windows_csv, alphas, follow = "star", controller = "static";
   uint32_t nodes = 4, emb_sample = 1;
   double alpha = 0.5, slo_ms = 0, warmup_s = 0;
   bool quiet = false;
@@ -71,6 +74,7 @@ struct Setup {
   std::string trace;
   double slo_ms = 0;
   uint64_t window_ns = 0, warmup_ns = 0;
+  std::string controller = "static";  // static | recovery
 };
 
 absl::StatusOr<Setup> Prepare(const SimFlags& f) {
@@ -112,6 +116,7 @@ absl::StatusOr<Setup> Prepare(const SimFlags& f) {
   s.twin.router.policy = *policy;
   s.twin.alpha = f.alpha;
   s.slo_ms = f.slo_ms > 0 ? f.slo_ms : absl::ToDoubleMilliseconds(config->node.slo);
+  s.controller = f.controller;
   s.window_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(workload->window));
   s.warmup_ns = static_cast<uint64_t>(f.warmup_s * 1e9);
   return s;
@@ -176,8 +181,10 @@ std::string NodeLines(sim::Twin& twin) {
   return out;
 }
 
-// The whole trace through a twin at a static α.
-absl::StatusOr<std::unique_ptr<sim::Twin>> RunTwin(const Setup& s, double alpha) {
+// The whole trace through a twin starting at α: static, or under the setup's controller (one per
+// node; its decisions in *decisions).
+absl::StatusOr<std::unique_ptr<sim::Twin>> RunTwin(
+    const Setup& s, double alpha, std::vector<sim::ControlRecord>* decisions = nullptr) {
   sim::TwinOptions options = s.twin;
   options.alpha = alpha;
   auto twin = sim::Twin::Create(options, s.workload);
@@ -185,18 +192,49 @@ absl::StatusOr<std::unique_ptr<sim::Twin>> RunTwin(const Setup& s, double alpha)
   auto reader = sim::TraceReader::Open(s.trace);
   if (!reader.ok()) return reader.status();
   TraceSource source{.reader = std::move(*reader)};
-  absl::Status st = (*twin)->Run(source.Next());
+  absl::Status st;
+  if (s.controller == "static") {
+    st = (*twin)->Run(source.Next());
+  } else {
+    // "recovery": the recovery controller around the static α.
+    absl::StatusOr<std::vector<sim::ControlRecord>> records =
+        sim::RunControlled(**twin, source.Next(),
+                           [&] { return *allocator::MakeRecovery(allocator::MakeStatic(alpha)); },
+                           {.window = s.twin.node.local.node.window});
+    st = records.status();
+    if (records.ok() && decisions != nullptr) *decisions = std::move(*records);
+  }
   if (!source.error.ok()) return source.error;
   if (!st.ok()) return st;
   return std::move(*twin);
 }
 
+// One line on the controller's decisions: how many, by reason, and the first that was not the
+// static α's.
+std::string DecisionsLine(const std::vector<sim::ControlRecord>& records) {
+  std::map<std::string, uint64_t> by_reason;
+  const sim::ControlRecord* first = nullptr;
+  for (const sim::ControlRecord& r : records) {
+    ++by_reason[allocator::ReasonName(r.reason)];
+    if (first == nullptr && r.reason != allocator::Reason::kStatic) first = &r;
+  }
+  std::string line = absl::StrCat("allocator: ", records.size(), " decisions");
+  for (const auto& [reason, n] : by_reason) absl::StrAppend(&line, ", ", reason, " ", n);
+  if (first != nullptr) {
+    absl::StrAppend(&line, "; first ", allocator::ReasonName(first->reason), " at window ",
+                    first->window, " on node-", first->node, ": ", first->detail);
+  }
+  return line + "\n";
+}
+
 absl::StatusOr<RunResult> RunOnce(const Setup& s, double alpha) {
-  absl::StatusOr<std::unique_ptr<sim::Twin>> twin = RunTwin(s, alpha);
+  std::vector<sim::ControlRecord> decisions;
+  absl::StatusOr<std::unique_ptr<sim::Twin>> twin = RunTwin(s, alpha, &decisions);
   if (!twin.ok()) return twin.status();
   RunResult result;
+  if (s.controller != "static") result.nodes = DecisionsLine(decisions);
   result.stats = (*twin)->stats();
-  result.nodes = NodeLines(**twin);
+  result.nodes += NodeLines(**twin);
   for (const sim::TwinOutcome& o : (*twin)->outcomes()) {
     result.outcomes.push_back({.index = o.index,
                                .scheduled_ns = o.sent_ns,
@@ -637,6 +675,11 @@ void RegisterSimCommands(CLI::App& app, Run* run) {
   run_cmd->add_option("--alpha", r->alpha, "every node's α (EMB share of the pool)")
       ->check(CLI::Range(0.0, 1.0));
   run_cmd->add_option("--csv", r->csv, "write one row per request here");
+  run_cmd
+      ->add_option("--controller", r->controller,
+                   "static (α fixed) or recovery (the recovery controller around the static α, "
+                   "deciding every window per node)")
+      ->check(CLI::IsMember({"static", "recovery"}));
   run_cmd->add_option("--windows-csv", r->windows_csv, "write one row per window here");
   run_cmd->callback([=] { *run = [=] { return RunSim(*r); }; });
 

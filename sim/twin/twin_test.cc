@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "sim/twin/control.h"
 #include "sim/twin/fit.h"
 #include "sim/twin/oracle.h"
 #include "sim/twin/shared_compute.h"
@@ -283,6 +284,40 @@ TEST(TwinTest, SampledEmbChargesPerRowAndTracksRowLevelHits) {
   auto twin = Twin::Create(bad, workload);
   ASSERT_FALSE(twin.ok());
   EXPECT_NE(twin.status().message().find("emb_sample"), std::string::npos) << twin.status();
+}
+
+// The allocator's loop in the twin: a decision per node per closed window, α applied at the
+// nodes, and the recovery controller silent on a Steady trace (issue 7's requirement).
+TEST(ControlTest, RecoveryStaysSilentOnASteadyTraceAndDecisionsReachTheNodes) {
+  WorkloadConfig workload = testing::TinyWorkload();
+  workload.phases = {{.regime = Regime::kSteady, .duration = absl::Seconds(40)}};
+  const std::vector<TraceRequest> trace = Generate(workload);
+  const TwinOptions options = testing::TinyTwin(workload);
+  auto run = [&](double alpha) {
+    auto twin = Twin::Create(options, workload);
+    EXPECT_TRUE(twin.ok()) << twin.status();
+    size_t i = 0;
+    auto records = RunControlled(
+        **twin,
+        [&](TraceRequest* r) {
+          if (i == trace.size()) return false;
+          *r = trace[i++];
+          return true;
+        },
+        [&] { return *allocator::MakeRecovery(allocator::MakeStatic(alpha)); },
+        {.window = options.node.local.node.window});
+    EXPECT_TRUE(records.ok()) << records.status();
+    for (size_t n = 0; n < (*twin)->num_nodes(); ++n) {
+      EXPECT_NEAR((*twin)->node(n).node->Gauges().alpha_target, alpha, 1e-9);
+    }
+    return std::move(*records);
+  };
+  const std::vector<ControlRecord> records = run(0.7);
+  EXPECT_GE(records.size(), 4u * 38);  // every node, every closed window
+  for (const ControlRecord& r : records) {
+    EXPECT_EQ(r.reason, allocator::Reason::kStatic) << "window " << r.window << ": " << r.detail;
+  }
+  EXPECT_EQ(run(0.3).size(), records.size());
 }
 
 TEST(TwinTest, BadOptionsNameTheField) {

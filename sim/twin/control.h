@@ -1,0 +1,45 @@
+#pragma once
+// The allocator's control loop in the twin (ARCHITECTURE §3, issue 7): after each decision window
+// closes at the nodes, every node's controller (allocator_service/core) sees that node's closed
+// windows and sets its α, as the allocator service does over GetState and SetAlpha. One
+// controller instance per node (controllers keep per-node state).
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "allocator_service/core/controller.h"
+#include "serving_node/core/node.h"
+#include "sim/twin/twin.h"
+
+namespace hlem::sim {
+
+// A node's closed window as the controllers see it.
+allocator::WindowState ToWindowState(const serving::NodeWindow& w);
+
+struct ControlRecord {
+  uint64_t window = 0;  // the node's window index the decision followed
+  uint32_t node = 0;
+  double alpha = 0;
+  allocator::Reason reason = allocator::Reason::kHold;
+  std::string detail;
+};
+
+struct ControlOptions {
+  absl::Duration window = absl::Seconds(5);      // the nodes' window (node config: node.window)
+  absl::Duration delay = absl::Milliseconds(1);  // after a window closes, the decision
+  size_t max_history = 64;                       // windows kept per node for the controller
+};
+
+// Replays `next` through `twin` (not started) with a controller per node from `make`, then
+// Finish()es it. Returns every decision in order.
+absl::StatusOr<std::vector<ControlRecord>> RunControlled(
+    Twin& twin, std::function<bool(TraceRequest*)> next,
+    const std::function<std::unique_ptr<allocator::Controller>()>& make,
+    const ControlOptions& options);
+
+}  // namespace hlem::sim
