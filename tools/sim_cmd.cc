@@ -74,7 +74,7 @@ struct Setup {
   std::string trace;
   double slo_ms = 0;
   uint64_t window_ns = 0, warmup_ns = 0;
-  std::string controller = "static";  // static | recovery
+  std::string controller = "static";  // static | recovery | pid
 };
 
 absl::StatusOr<Setup> Prepare(const SimFlags& f) {
@@ -196,10 +196,14 @@ absl::StatusOr<std::unique_ptr<sim::Twin>> RunTwin(
   if (s.controller == "static") {
     st = (*twin)->Run(source.Next());
   } else {
-    // "recovery": the recovery controller around the static α.
+    // "recovery": the recovery controller around the static α; "pid": PID on the P99 error,
+    // starting at α.
     absl::StatusOr<std::vector<sim::ControlRecord>> records =
         sim::RunControlled(**twin, source.Next(),
-                           [&] { return *allocator::MakeRecovery(allocator::MakeStatic(alpha)); },
+                           [&]() -> std::unique_ptr<allocator::Controller> {
+                             if (s.controller == "pid") return *allocator::MakePid();
+                             return *allocator::MakeRecovery(allocator::MakeStatic(alpha));
+                           },
                            {.window = s.twin.node.local.node.window});
     st = records.status();
     if (records.ok() && decisions != nullptr) *decisions = std::move(*records);
@@ -677,9 +681,10 @@ void RegisterSimCommands(CLI::App& app, Run* run) {
   run_cmd->add_option("--csv", r->csv, "write one row per request here");
   run_cmd
       ->add_option("--controller", r->controller,
-                   "static (α fixed) or recovery (the recovery controller around the static α, "
-                   "deciding every window per node)")
-      ->check(CLI::IsMember({"static", "recovery"}));
+                   "static (α fixed), recovery (the recovery controller around the static α) or "
+                   "pid (PID on the P99 error from --alpha); the latter decide every window per "
+                   "node")
+      ->check(CLI::IsMember({"static", "recovery", "pid"}));
   run_cmd->add_option("--windows-csv", r->windows_csv, "write one row per window here");
   run_cmd->callback([=] { *run = [=] { return RunSim(*r); }; });
 

@@ -112,6 +112,47 @@ class RecoveryController final : public Controller {
   double fired_bound_ = 0;
 };
 
+class PidController final : public Controller {
+ public:
+  explicit PidController(const PidOptions& options) : o_(options) {}
+  std::string name() const override { return "pid"; }
+
+  Decision Decide(std::span<const WindowState> history) override {
+    const WindowState& now = history.back();
+    if (now.requests == 0 || now.slo_seconds <= 0) {
+      return {.alpha = o_.bounds.Clip(now.alpha), .reason = Reason::kHold, .detail = "no requests"};
+    }
+    const double e = (now.p99_seconds - o_.target_fraction * now.slo_seconds) / now.slo_seconds;
+    if (have_last_) {
+      const double moved = now.alpha - last_alpha_;
+      const double changed = (now.p99_seconds - last_p99_) / now.slo_seconds;
+      if (std::abs(moved) >= o_.min_move && std::abs(changed) >= o_.min_change) {
+        direction_ = (moved > 0) == (changed > 0) ? 1 : -1;
+      }
+    }
+    integral_ = std::clamp(integral_ + e, -o_.integral_limit, o_.integral_limit);
+    const double derivative = have_last_ ? e - last_error_ : 0;
+    const double u = o_.kp * e + o_.ki * integral_ + o_.kd * derivative;
+    const double step = std::clamp(-direction_ * u, -o_.max_step, o_.max_step);
+    const double alpha = o_.bounds.Clip(now.alpha + step);
+    have_last_ = true;
+    last_alpha_ = now.alpha;
+    last_p99_ = now.p99_seconds;
+    last_error_ = e;
+    return {.alpha = alpha,
+            .reason = Reason::kBaseline,
+            .detail = absl::StrFormat("pid: error %.3f, integral %.3f, direction %+d: alpha %.2f "
+                                      "-> %.2f",
+                                      e, integral_, direction_, now.alpha, alpha)};
+  }
+
+ private:
+  const PidOptions o_;
+  bool have_last_ = false;
+  double last_alpha_ = 0, last_p99_ = 0, last_error_ = 0, integral_ = 0;
+  int direction_ = 1;  // sign of dP99/dα as last seen
+};
+
 }  // namespace
 
 std::array<double, kNumFeatures> Features(const WindowState& w) {
@@ -152,6 +193,21 @@ double Bounds::Clip(double alpha) const { return std::clamp(alpha, alpha_min, al
 
 std::unique_ptr<Controller> MakeStatic(double alpha) {
   return std::make_unique<StaticController>(alpha);
+}
+
+absl::StatusOr<std::unique_ptr<Controller>> MakePid(const PidOptions& o) {
+  for (double v : {o.kp, o.ki, o.kd, o.max_step, o.integral_limit, o.min_move, o.min_change}) {
+    if (!(v >= 0) || !std::isfinite(v)) {
+      return absl::InvalidArgumentError("pid: gains, max_step and limits must be finite and >= 0");
+    }
+  }
+  if (!(o.target_fraction > 0 && o.target_fraction <= 4) ||
+      !(o.bounds.alpha_min >= 0 && o.bounds.alpha_min <= o.bounds.alpha_max &&
+        o.bounds.alpha_max <= 1)) {
+    return absl::InvalidArgumentError(
+        "pid: target_fraction in (0, 4], 0 <= alpha_min <= alpha_max <= 1");
+  }
+  return std::unique_ptr<Controller>(std::make_unique<PidController>(o));
 }
 
 absl::StatusOr<std::unique_ptr<Controller>> MakeRecovery(std::unique_ptr<Controller> inner,

@@ -79,6 +79,25 @@ class Controller {
 // clipped: a static α is the experiment's choice.
 std::unique_ptr<Controller> MakeStatic(double alpha);
 
+// PID on the P99 error (a baseline): e = (P99 − target) ÷ SLO with target = target_fraction ·
+// SLO; u = Kp·e + Ki·Σe + Kd·(e − e_prev); Δα = −direction · u, limited to ±max_step (the
+// learned controllers' largest action) and α clipped to the bounds. P99 is not monotone in α
+// (the interior optimum of ARCHITECTURE §8), so the sign of the plant is estimated online:
+// `direction` is the sign of ΔP99 ÷ Δα over the last two windows when α moved by at least
+// min_move and P99 by at least min_change ÷ SLO (kept otherwise; +1 at the start: "more EMB
+// raises P99", so a P99 over the target first moves α toward KV). Windows without requests
+// hold α. The integral is clamped to ±integral_limit (anti-windup).
+struct PidOptions {
+  double kp = 0.10, ki = 0.02, kd = 0.05;
+  double target_fraction = 0.8;  // of the SLO
+  double max_step = 0.06;
+  double integral_limit = 3;
+  double min_move = 0.01;    // Δα that counts as a move for the sign estimate
+  double min_change = 0.02;  // |ΔP99| ÷ SLO that counts as a response
+  Bounds bounds;
+};
+absl::StatusOr<std::unique_ptr<Controller>> MakePid(const PidOptions& options = {});
+
 // The recovery controller of ARCHITECTURE §3 around another controller. It fires when the P99
 // of 2 consecutive windows exceeds max(EMA + 3σ, 0.8·SLO), EMA (weight 2/11) and σ taken over
 // the last 10 windows judged normal (a window over the bound does not join them, so a burst

@@ -1,5 +1,6 @@
 #include "allocator_service/core/controller.h"
 
+#include <cmath>
 #include <functional>
 #include <random>
 #include <vector>
@@ -133,6 +134,43 @@ TEST(RecoveryTest, NeedsHistoryBeforeJudging) {
   const std::vector<Decision> d = Drive(
       **c, 10, 0.5, [](int) { return 0.2; }, [](int) { return 0.9; });
   for (const Decision& x : d) EXPECT_EQ(x.reason, Reason::kStatic);
+}
+
+// A plant whose P99 is convex in α (minimum 0.5·SLO at α = 0.6): from α = 0.2, where P99 is just
+// over the 0.8·SLO target, the first step goes the wrong way (toward KV, the default sign), the
+// controller learns the sign from the response and settles on the target.
+TEST(PidTest, LearnsTheSignAndSettlesOnTheTarget) {
+  auto c = MakePid();
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto plant = [](double alpha) { return kSlo * (0.5 + 2 * (alpha - 0.6) * (alpha - 0.6)); };
+  std::vector<WindowState> history;
+  double alpha = 0.2;
+  std::vector<double> steps;
+  for (int t = 0; t < 80; ++t) {
+    history.push_back(Window(static_cast<uint64_t>(t), plant(alpha), 0.3, alpha));
+    const Decision d = (*c)->Decide(history);
+    EXPECT_EQ(d.reason, Reason::kBaseline);
+    EXPECT_GE(d.alpha, 0.1);
+    EXPECT_LE(d.alpha, 0.9);
+    EXPECT_LE(std::abs(d.alpha - alpha), 0.06 + 1e-12) << d.detail;
+    steps.push_back(d.alpha - alpha);
+    alpha = d.alpha;
+  }
+  EXPECT_LT(steps[0], 0);  // the default sign: toward KV first
+  EXPECT_NEAR(plant(alpha), 0.8 * kSlo, 0.05 * kSlo) << "alpha " << alpha;
+}
+
+TEST(PidTest, HoldsWithoutRequestsAndRejectsBadOptions) {
+  auto c = MakePid();
+  ASSERT_TRUE(c.ok());
+  WindowState idle = Window(0, 0.5, 0.3, 0.4);
+  idle.requests = 0;
+  std::vector<WindowState> h = {idle};
+  const Decision d = (*c)->Decide(h);
+  EXPECT_EQ(d.reason, Reason::kHold);
+  EXPECT_EQ(d.alpha, 0.4);
+  EXPECT_FALSE(MakePid({.kp = -1}).ok());
+  EXPECT_FALSE(MakePid({.target_fraction = 0}).ok());
 }
 
 TEST(RecoveryTest, BadOptionsAreRejected) {
