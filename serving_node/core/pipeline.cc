@@ -217,11 +217,20 @@ absl::Status Pipeline::Embed(std::span<const uint64_t> ids, absl::Time deadline,
   std::vector<std::shared_ptr<std::vector<std::byte>>> fetched;  // alive until the sums are done
   std::vector<Admitted> admitted;
   auto copies = std::make_shared<CopyWaiter>();
+  // A failure part-way (a later table's fetch, the deadline) releases the slots reserved for the
+  // earlier tables once their copies are done (after a copy timeout they stay pending rather than
+  // risk a slot being reused under a late copy).
+  auto abandon = [&](absl::Status st) {
+    if (copies->Wait(options_.copy_timeout)) {
+      for (const Admitted& adm : admitted) (void)emb_.Abort(adm.table, adm.rows);
+    }
+    return st;
+  };
   EmbLookupResult lookup;
   for (auto& [table, members] : by_table) {
     std::vector<uint64_t> rows(members.size());
     for (size_t k = 0; k < members.size(); ++k) rows[k] = distinct[members[k]].id;
-    RETURN_IF_ERROR(emb_.Lookup(table, rows, &lookup));
+    if (absl::Status st = emb_.Lookup(table, rows, &lookup); !st.ok()) return abandon(st);
     if (sketch_ != nullptr) sketch_->RecordBatch(table, rows);
     if (options_.on_lookup) options_.on_lookup(table, rows);
     info->emb_hits += lookup.hits;
@@ -235,7 +244,7 @@ absl::Status Pipeline::Embed(std::span<const uint64_t> ids, absl::Time deadline,
                std::back_inserter(need));
     if (need.empty()) continue;
     if (clock_.Now() >= deadline) {
-      return absl::DeadlineExceededError("deadline passed before the embedding fetch");
+      return abandon(absl::DeadlineExceededError("deadline passed before the embedding fetch"));
     }
     std::vector<uint64_t> fetch_rows(need.size());
     for (size_t k = 0; k < need.size(); ++k) fetch_rows[k] = rows[need[k]];
@@ -245,8 +254,8 @@ absl::Status Pipeline::Embed(std::span<const uint64_t> ids, absl::Time deadline,
     const absl::Status fetch_status = source_.Fetch(table, fetch_rows, buffer, deadline);
     info->fetch_seconds += clock_.Now() - fetch_start;
     if (absl::Status st = fetch_status; !st.ok()) {
-      return absl::UnavailableError(
-          absl::StrCat("fetching ", need.size(), " rows of table ", table, ": ", st.message()));
+      return abandon(absl::UnavailableError(
+          absl::StrCat("fetching ", need.size(), " rows of table ", table, ": ", st.message())));
     }
     info->emb_misses += need.size();
     for (size_t k = 0; k < need.size(); ++k) {
@@ -283,7 +292,10 @@ absl::Status Pipeline::Embed(std::span<const uint64_t> ids, absl::Time deadline,
         std::memcpy(staged->bytes.data() + i * row_bytes_, buffer.data() + uncached[i] * row_bytes_,
                     row_bytes_);
       }
-      ASSIGN_OR_RETURN(staged->buffer, device_.AllocBuffer(staged->bytes.size()));
+      absl::StatusOr<std::unique_ptr<DeviceBuffer>> scratch =
+          device_.AllocBuffer(staged->bytes.size());
+      if (!scratch.ok()) return abandon(scratch.status());
+      staged->buffer = std::move(*scratch);
       device_.CopyToBuffer(CopyClass::kCritical, CopyPurpose::kEmbMiss, staged->bytes.data(),
                            *staged->buffer, 0, staged->bytes.size(), copies->Add(staged));
     }

@@ -38,8 +38,7 @@ class PipelineTest : public ::testing::Test {
     kv_ = *KvCache::Create({.layers = 1, .kv_dim = kDim, .dtype_bytes = 4, .budget_pages = 32},
                            *pool_, nullptr, clock_);
     emb_ = *EmbCache::Create({.tables = {{0, kDim * 4}, {1, kDim * 4}}, .budget_pages = emb_pages},
-                             *pool_,
-                             clock_);
+                             *pool_, clock_);
     options.features = kFeatures;
     if (options.max_history == 4096) options.max_history = 1000;
     auto p = Pipeline::Create(options, *kv_, *emb_, *device_, device_->pool_data(), source_,
@@ -252,6 +251,14 @@ TEST_F(PipelineTest, AFailedFetchLeavesTheUsersKvAsItWas) {
   ExpectNear(r->scores, Expected(history, cand));
   EXPECT_TRUE(kv_->CheckInvariants().ok()) << kv_->CheckInvariants();
   EXPECT_EQ(emb_->GetStats().pending_entries, 0u);
+  // The second table's fetch fails after the first table's misses were reserved and copied:
+  // those reservations are released, not left pending.
+  source_.fail_from_call = source_.fetches + 1;
+  auto partial = pipeline_->Infer(Input(4, Events(rng, 40), Events(rng, 3)));
+  EXPECT_EQ(partial.status().code(), absl::StatusCode::kUnavailable) << partial.status();
+  source_.fail_from_call = -1;
+  EXPECT_EQ(emb_->GetStats().pending_entries, 0u);
+  EXPECT_TRUE(emb_->CheckInvariants().ok()) << emb_->CheckInvariants();
 }
 
 // No KV room: every other user holding pages is pinned. The answer says so; nothing leaks.

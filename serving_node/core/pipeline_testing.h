@@ -27,9 +27,11 @@ class FakeRowSource final : public RowSource {
  public:
   absl::Status Fetch(uint32_t table_id, std::span<const uint64_t> rows, std::span<std::byte> out,
                      absl::Time) override {
-    ++fetches;
+    const int call = fetches++;
     fetched_rows += rows.size();
-    if (fail) return absl::UnavailableError("shard down");
+    if (fail || (fail_from_call >= 0 && call >= fail_from_call)) {
+      return absl::UnavailableError("shard down");
+    }
     float* f = reinterpret_cast<float*>(out.data());
     for (size_t r = 0; r < rows.size(); ++r) {
       for (uint32_t d = 0; d < kDim; ++d) f[r * kDim + d] = RowValue(table_id, rows[r], d);
@@ -39,6 +41,7 @@ class FakeRowSource final : public RowSource {
   std::atomic<int> fetches{0};
   std::atomic<uint64_t> fetched_rows{0};
   std::atomic<bool> fail{false};
+  std::atomic<int> fail_from_call{-1};  // fail every Fetch from this call number on
 };
 
 // A model whose scores depend on every history token's cached K and on the candidates, so the
