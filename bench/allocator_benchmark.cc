@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <random>
+#include <utility>
 #include <vector>
 
 #include "allocator_service/core/controller.h"
@@ -60,12 +62,30 @@ void Run(benchmark::State& state, std::unique_ptr<Controller> c) {
   }
 }
 
+// A frozen actor of the size issue 7 allows (7 -> 64 -> 64 -> 7, tanh; random weights: the
+// latency does not depend on their values).
+std::unique_ptr<Controller> Actor() {
+  std::mt19937 rng(1);
+  std::normal_distribution<float> g(0, 0.2f);
+  std::vector<DenseLayer> layers;
+  for (auto [in, out] : {std::pair{7u, 64u}, {64u, 64u}, {64u, 7u}}) {
+    DenseLayer d{.in = in, .out = out};
+    for (uint32_t i = 0; i < in * out; ++i) d.weights.push_back(g(rng));
+    for (uint32_t i = 0; i < out; ++i) d.bias.push_back(g(rng));
+    layers.push_back(std::move(d));
+  }
+  Normaliser n{.mean = std::vector<float>(7, 0.5f), .std = std::vector<float>(7, 0.3f)};
+  return *MakePolicy(*Mlp::Create(n, std::move(layers), Activation::kTanh));
+}
+
 void BM_Static(benchmark::State& state) { Run(state, MakeStatic(0.5)); }
+void BM_Policy(benchmark::State& state) { Run(state, Actor()); }
 void BM_Recovery(benchmark::State& state) { Run(state, *MakeRecovery(MakeStatic(0.5))); }
 void BM_Pid(benchmark::State& state) { Run(state, *MakePid()); }
 BENCHMARK(BM_Static);
 BENCHMARK(BM_Recovery);
 BENCHMARK(BM_Pid);
+BENCHMARK(BM_Policy);
 
 }  // namespace
 }  // namespace hlem::allocator

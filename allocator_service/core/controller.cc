@@ -112,6 +112,31 @@ class RecoveryController final : public Controller {
   double fired_bound_ = 0;
 };
 
+class PolicyController final : public Controller {
+ public:
+  PolicyController(Mlp actor, const Bounds& bounds) : actor_(std::move(actor)), bounds_(bounds) {}
+  std::string name() const override { return "policy"; }
+  Decision Decide(std::span<const WindowState> history) override {
+    const WindowState& now = history.back();
+    const std::array<double, kNumFeatures> f = Features(now);
+    std::array<float, kNumFeatures> x;
+    for (int i = 0; i < kNumFeatures; ++i) x[i] = static_cast<float>(f[i]);
+    std::array<float, kActions.size()> scores;
+    actor_.Forward(x, scores);
+    const size_t best =
+        static_cast<size_t>(std::max_element(scores.begin(), scores.end()) - scores.begin());
+    const double alpha = bounds_.Clip(now.alpha + kActions[best]);
+    return {.alpha = alpha,
+            .reason = Reason::kPolicy,
+            .detail = absl::StrFormat("policy: action %+.2f: alpha %.2f -> %.2f", kActions[best],
+                                      now.alpha, alpha)};
+  }
+
+ private:
+  const Mlp actor_;
+  const Bounds bounds_;
+};
+
 class PidController final : public Controller {
  public:
   explicit PidController(const PidOptions& options) : o_(options) {}
@@ -193,6 +218,18 @@ double Bounds::Clip(double alpha) const { return std::clamp(alpha, alpha_min, al
 
 std::unique_ptr<Controller> MakeStatic(double alpha) {
   return std::make_unique<StaticController>(alpha);
+}
+
+absl::StatusOr<std::unique_ptr<Controller>> MakePolicy(Mlp actor, const Bounds& bounds) {
+  if (actor.inputs() != kNumFeatures || actor.outputs() != kActions.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "policy: the actor maps ", actor.inputs(), " inputs to ", actor.outputs(),
+        " outputs; it must map ", kNumFeatures, " features to ", kActions.size(), " actions"));
+  }
+  if (!(bounds.alpha_min >= 0 && bounds.alpha_min <= bounds.alpha_max && bounds.alpha_max <= 1)) {
+    return absl::InvalidArgumentError("policy: 0 <= alpha_min <= alpha_max <= 1");
+  }
+  return std::unique_ptr<Controller>(std::make_unique<PolicyController>(std::move(actor), bounds));
 }
 
 absl::StatusOr<std::unique_ptr<Controller>> MakePid(const PidOptions& o) {

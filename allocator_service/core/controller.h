@@ -15,6 +15,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "allocator_service/core/mlp.h"
 
 namespace hlem::allocator {
 
@@ -78,6 +79,12 @@ class Controller {
 // A fixed α (static baselines: the oracle and the deployable static α; KV-only is α = 0). Not
 // clipped: a static α is the experiment's choice.
 std::unique_ptr<Controller> MakeStatic(double alpha);
+
+// A frozen policy network (the PPO base policy alone, "PPO-only"): the actor maps the 7 features
+// of the last window to one score per action of kActions; the best-scoring action is applied
+// (deterministic at serving time), α clipped to the bounds. INVALID_ARGUMENT unless the actor has
+// kNumFeatures inputs and kActions.size() outputs.
+absl::StatusOr<std::unique_ptr<Controller>> MakePolicy(Mlp actor, const Bounds& bounds = {});
 
 // PID on the P99 error (a baseline): e = (P99 − target) ÷ SLO with target = target_fraction ·
 // SLO; u = Kp·e + Ki·Σe + Kd·(e − e_prev); Δα = −direction · u, limited to ±max_step (the

@@ -173,6 +173,40 @@ TEST(PidTest, HoldsWithoutRequestsAndRejectsBadOptions) {
   EXPECT_FALSE(MakePid({.target_fraction = 0}).ok());
 }
 
+// A one-layer actor on the features: action 0 (−0.06) scores 10 × the P99 feature, action 3 (0)
+// scores 1, the rest 0 — so it moves α toward KV while P99 ÷ SLO ÷ 4 > 0.1 and holds otherwise.
+TEST(PolicyTest, AppliesTheBestScoringActionWithinTheBounds) {
+  DenseLayer d{.in = kNumFeatures, .out = kActions.size()};
+  d.weights.assign(static_cast<size_t>(d.in) * d.out, 0.0f);
+  d.bias.assign(d.out, 0.0f);
+  d.weights[0 * kNumFeatures + 6] = 10;  // action 0 <- the P99 feature
+  d.bias[3] = 1;                         // action 3 (Δα 0)
+  Normaliser identity{.mean = std::vector<float>(kNumFeatures, 0),
+                      .std = std::vector<float>(kNumFeatures, 1)};
+  auto actor = Mlp::Create(identity, {d}, Activation::kTanh);
+  ASSERT_TRUE(actor.ok()) << actor.status();
+  auto c = MakePolicy(std::move(*actor));
+  ASSERT_TRUE(c.ok()) << c.status();
+  std::vector<WindowState> h = {Window(0, 0.030, 0.3, 0.5)};  // P99 = SLO: feature 0.25
+  Decision d1 = (*c)->Decide(h);
+  EXPECT_EQ(d1.reason, Reason::kPolicy);
+  EXPECT_NEAR(d1.alpha, 0.44, 1e-12) << d1.detail;
+  h.push_back(Window(1, 0.006, 0.3, 0.44));  // P99 = 0.2 SLO: feature 0.05 -> hold
+  EXPECT_NEAR((*c)->Decide(h).alpha, 0.44, 1e-12);
+  h.push_back(Window(2, 0.090, 0.3, 0.12));  // near the floor: clipped to 0.1
+  EXPECT_NEAR((*c)->Decide(h).alpha, 0.1, 1e-12);
+  // An actor of the wrong shape is a clear error.
+  DenseLayer wrong{.in = kNumFeatures,
+                   .out = 3,
+                   .weights = std::vector<float>(21, 0.0f),
+                   .bias = std::vector<float>(3, 0.0f)};
+  auto small = Mlp::Create(identity, {wrong}, Activation::kTanh);
+  ASSERT_TRUE(small.ok());
+  auto bad = MakePolicy(std::move(*small));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("7 actions"), std::string::npos) << bad.status();
+}
+
 TEST(RecoveryTest, BadOptionsAreRejected) {
   EXPECT_FALSE(MakeRecovery(nullptr).ok());
   EXPECT_FALSE(MakeRecovery(MakeStatic(0.5), {.history = 1}).ok());
