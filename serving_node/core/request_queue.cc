@@ -120,16 +120,26 @@ void RequestQueue::WorkerLoop() {
     // Requests that expired while queued are answered without compute.
     const absl::Time now = clock_.Now();
     std::vector<InferInput> inputs;
-    std::vector<size_t> live;
-    uint64_t expired = 0;
+    std::vector<size_t> live, expired;
     for (size_t i = 0; i < batch.size(); ++i) {
       if (now >= batch[i].in.deadline) {
-        batch[i].done(absl::DeadlineExceededError("deadline passed while queued"));
-        ++expired;
+        expired.push_back(i);
       } else {
         inputs.push_back(std::move(batch[i].in));
         live.push_back(i);
       }
+    }
+    {
+      // Counted before any answer goes out: a caller that has its answer sees it in stats().
+      absl::MutexLock lock(&mu_);
+      stats_.expired += expired.size();
+      if (!inputs.empty()) {
+        ++stats_.batches;
+        stats_.batched_requests += inputs.size();
+      }
+    }
+    for (size_t i : expired) {
+      batch[i].done(absl::DeadlineExceededError("deadline passed while queued"));
     }
     if (!inputs.empty()) {
       if (options_.on_batch) options_.on_batch(inputs.size());
@@ -138,11 +148,6 @@ void RequestQueue::WorkerLoop() {
     }
     absl::MutexLock lock(&mu_);
     running_ -= batch.size();
-    stats_.expired += expired;
-    if (!inputs.empty()) {
-      ++stats_.batches;
-      stats_.batched_requests += inputs.size();
-    }
   }
 }
 
