@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "allocator_service/core/controller.h"
+#include "allocator_service/core/mlp_testing.h"
 
 namespace hlem::allocator {
 namespace {
@@ -65,15 +66,7 @@ void Run(benchmark::State& state, std::unique_ptr<Controller> c) {
 // A frozen actor of the size issue 7 allows (7 -> 64 -> 64 -> 7, tanh; random weights: the
 // latency does not depend on their values).
 std::unique_ptr<Controller> Actor() {
-  std::mt19937 rng(1);
-  std::normal_distribution<float> g(0, 0.2f);
-  std::vector<DenseLayer> layers;
-  for (auto [in, out] : {std::pair{7u, 64u}, {64u, 64u}, {64u, 7u}}) {
-    DenseLayer d{.in = in, .out = out};
-    for (uint32_t i = 0; i < in * out; ++i) d.weights.push_back(g(rng));
-    for (uint32_t i = 0; i < out; ++i) d.bias.push_back(g(rng));
-    layers.push_back(std::move(d));
-  }
+  std::vector<DenseLayer> layers = testing::RandomLayers({{7, 64}, {64, 64}, {64, 7}}, 1, 0.2f);
   Normaliser n{.mean = std::vector<float>(7, 0.5f), .std = std::vector<float>(7, 0.3f)};
   return *MakePolicy(*Mlp::Create(n, std::move(layers), Activation::kTanh));
 }

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "allocator_service/core/mlp_testing.h"
 #include "gtest/gtest.h"
 
 namespace hlem::allocator {
@@ -35,15 +36,9 @@ TEST(MlpTest, ForwardIsTheNetworkOnNormalisedClippedInputs) {
 
 TEST(MlpTest, SerializeParseRoundTripsExactly) {
   // An actor of the size issue 7 allows (7 -> 64 -> 64 -> 7, ReLU), random weights.
+  const std::vector<DenseLayer> layers =
+      testing::RandomLayers({{7, 64}, {64, 64}, {64, 7}}, 3, 0.3f);
   std::mt19937 rng(3);
-  std::normal_distribution<float> g(0, 0.3f);
-  std::vector<DenseLayer> layers;
-  for (auto [in, out] : {std::pair{7u, 64u}, {64u, 64u}, {64u, 7u}}) {
-    DenseLayer d{.in = in, .out = out};
-    for (uint32_t i = 0; i < in * out; ++i) d.weights.push_back(g(rng));
-    for (uint32_t i = 0; i < out; ++i) d.bias.push_back(g(rng));
-    layers.push_back(std::move(d));
-  }
   Normaliser n{.mean = std::vector<float>(7, 0.4f), .std = std::vector<float>(7, 0.2f)};
   auto m = Mlp::Create(n, layers, Activation::kRelu);
   ASSERT_TRUE(m.ok()) << m.status();
