@@ -28,8 +28,6 @@ double RelError(double sim, double real) {
   return sim > 0 && real > 0 ? std::abs(sim - real) / real : 0;
 }
 
-absl::Duration Scale(absl::Duration d, double k) { return d * k; }
-
 }  // namespace
 
 StageMedians MedianStages(std::span<const TwinOutcome> outcomes, uint64_t warmup_ns) {
@@ -115,18 +113,18 @@ absl::StatusOr<FitResult> FitCosts(
                        absl::Nanoseconds(static_cast<int64_t>((real.hop_ms - t.hop_ms) * 1e6)));
       if (t.compute_ms > 0 && real.compute_ms > 0) {
         const double k = real.compute_ms / t.compute_ms;
-        costs.step_overhead = Scale(costs.step_overhead, k);
+        costs.step_overhead *= k;
         costs.flops_per_second /= k;
       }
       if (t.lookup_ms > 0 && real.lookup_ms > 0) {
         const double k = real.lookup_ms / t.lookup_ms;
-        costs.request_overhead = Scale(costs.request_overhead, k);
-        costs.lookup_per_row = Scale(costs.lookup_per_row, k);
+        costs.request_overhead *= k;
+        costs.lookup_per_row *= k;
       }
       if (t.fetch_ms > 0 && real.fetch_ms > 0) {
         const double k = real.fetch_ms / t.fetch_ms;
-        costs.fetch_overhead = Scale(costs.fetch_overhead, k);
-        costs.fetch_per_row = Scale(costs.fetch_per_row, k);
+        costs.fetch_overhead *= k;
+        costs.fetch_per_row *= k;
       }
     }
     costs = result.costs;

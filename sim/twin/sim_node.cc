@@ -222,9 +222,9 @@ void SimExecutor::Prepare(Job& job) {
       SampleRate& rate = sample_rate_[table];
       const double recent = rate.looked_up > 0 ? rate.missed / rate.looked_up : 1.0;
       constexpr double kPrior = 8;  // weight of the node's rate, in sampled rows
-      const double p = (static_cast<double>(t.fetch.size()) + kPrior * recent) /
-                       (static_cast<double>(rows.size()) + kPrior);
-      const double expected = p * static_cast<double>(unsampled);
+      const double miss_rate = (static_cast<double>(t.fetch.size()) + kPrior * recent) /
+                               (static_cast<double>(rows.size()) + kPrior);
+      const double expected = miss_rate * static_cast<double>(unsampled);
       const double u = static_cast<double>(KeyedHash(kSampleKey, user, job.prior, table) >> 11) /
                        static_cast<double>(uint64_t{1} << 53);
       t.estimated_misses =

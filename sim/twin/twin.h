@@ -137,9 +137,8 @@ class Twin {
   bool started_ = false, finished_ = false, trace_done_ = false, sealed_ = false,
        source_done_ = false;
   uint64_t read_ = 0, answered_ = 0, last_t_ns_ = 0, timers_ = 0, decision_ = 0;
-  mutable size_t answered_prefix_ = 0;
-  absl::Duration background_;  // background_cpu submitted so far  // outcomes_[0, this) are
-                               // answered (AnsweredBefore)
+  mutable size_t answered_prefix_ = 0;  // outcomes_[0, this) are answered (AnsweredBefore)
+  absl::Duration background_;           // background_cpu submitted so far
   std::chrono::steady_clock::time_point wall_start_;
   absl::Status trace_error_;
   TwinStats stats_;

@@ -320,6 +320,35 @@ TEST(ControlTest, RecoveryStaysSilentOnASteadyTraceAndDecisionsReachTheNodes) {
   EXPECT_EQ(run(0.3).size(), records.size());
 }
 
+TEST(CostModelTest, NewFieldsRoundTripAndBadOnesNameTheField) {
+  CostModel c;
+  c.background_cpu = absl::Microseconds(750);
+  c.slowdown_quantiles = {0.8, 1.0, 2.5};
+  c.kv_dtype_bytes = 2;
+  absl::StatusOr<CostModel> back = ParseCostModel(CostModelYaml(c));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->background_cpu, absl::Microseconds(750));
+  EXPECT_EQ(back->slowdown_quantiles, c.slowdown_quantiles);
+  EXPECT_EQ(back->kv_dtype_bytes, 2u);
+  // The keyed slowdown stays within the quantiles and is the same for the same request.
+  for (uint64_t user = 1; user < 200; ++user) {
+    const double s = back->Slowdown(user, 7);
+    EXPECT_GE(s, 0.8);
+    EXPECT_LE(s, 2.5);
+    EXPECT_EQ(s, back->Slowdown(user, 7));
+  }
+  for (const char* bad : {"flops_per_second: 1e12\nslowdown_quantiles: [1.0, 0.5]\n",
+                          "flops_per_second: 1e12\nslowdown_quantiles: [0]\n",
+                          "flops_per_second: 1e12\nkv_dtype_bytes: 9\n",
+                          "flops_per_second: 1e12\nbackground_cpu: -1ms\n"}) {
+    absl::StatusOr<CostModel> r = ParseCostModel(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    const std::string field = std::string(bad).substr(std::string(bad).find('\n') + 1);
+    EXPECT_NE(r.status().message().find(field.substr(0, field.find(':'))), std::string::npos)
+        << r.status();
+  }
+}
+
 TEST(TwinTest, BadOptionsNameTheField) {
   const WorkloadConfig workload = testing::TinyWorkload();
   TwinOptions options = testing::TinyTwin(workload);

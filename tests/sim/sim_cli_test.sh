@@ -3,8 +3,8 @@
 # profile answers every request; the same trace, seed and commit give the same event-log hash in
 # two separate processes (different address-space layouts, so hash-map seeds differ); another α
 # gives another hash; `hlem sim compare` of a run against itself differs by nothing; bad input
-# (a missing trace, a bad cost file, a file that is not an outcome CSV, α outside [0, 1]) is a
-# clear error with exit code 2.
+# (a missing trace, a bad cost file, a file that is not an outcome CSV, α outside [0, 1], `fit`'s
+# bad --cpu, --real and --slowdown-quantiles) is a clear error with exit code 2.
 # Usage: sim_cli_test.sh <build dir> <source dir>
 set -euo pipefail
 build=$1
@@ -71,4 +71,23 @@ set -e
   echo "compare of a bad CSV: exit $code" >&2; cat "$dir/err.txt" >&2; exit 1; }
 [ "$code2" = 2 ] && grep -q -- "--alphas" "$dir/err2.txt" || {
   echo "sweep with alpha 2: exit $code2" >&2; cat "$dir/err2.txt" >&2; exit 1; }
+# fit: a missing or malformed --cpu file, a CSV without stage timings and more slowdown
+# quantiles than requests are clear errors naming what is wrong (exit 2).
+fit() {  # fit <expected message> [flags]
+  local expect=$1
+  shift
+  set +e
+  "$hlem" sim fit --trace "$dir/t.trace" --node-config "$src/deploy/local/node.yaml" \
+    --costs "$costs" --alpha 0.5 --max-iterations 1 "$@" >/dev/null 2>"$dir/err.txt"
+  local code=$?
+  set -e
+  [ "$code" = 2 ] && grep -q -- "$expect" "$dir/err.txt" || {
+    echo "sim fit $*: exit $code, expected 2 and '$expect'" >&2; cat "$dir/err.txt" >&2; exit 1; }
+}
+fit "--cpu: cannot read" --real "$dir/a.csv" --cpu "$dir/missing.cpu"
+printf 'process cpu_s\nnode-0 lots\n' >"$dir/bad.cpu"
+fit "bad.cpu:2: expected" --real "$dir/a.csv" --cpu "$dir/bad.cpu"
+sed '1s/compute_ms/compute_x/' "$dir/a.csv" >"$dir/nostages.csv"
+fit "--real: no stage timings" --real "$dir/nostages.csv"
+fit "too few requests answered in both runs" --real "$dir/a.csv" --slowdown-quantiles 1000
 echo "sim CLI: $requests requests, hash $(hash "$dir/a.txt") twice, $(hash "$dir/c.txt") at alpha 0.9"
