@@ -2,9 +2,22 @@
 // traces, load generator, local cluster; later sim, eval). Exit codes: 0 success, 1 the operation
 // failed, 2 bad usage or input.
 #include <cstdio>
+#include <string>
 
 #include "common/logging.h"
 #include "tools/commands.h"
+
+namespace hlem::tools {
+
+int Fail(absl::string_view command, absl::string_view what, const absl::Status& st) {
+  std::fprintf(stderr, "hlem %s: %s: %s\n", std::string(command).c_str(), std::string(what).c_str(),
+               std::string(st.message()).c_str());
+  return st.code() == absl::StatusCode::kInvalidArgument || st.code() == absl::StatusCode::kNotFound
+             ? 2
+             : 1;
+}
+
+}  // namespace hlem::tools
 
 int main(int argc, char** argv) {
   CLI::App app{"HLEM command-line tools"};
@@ -18,6 +31,7 @@ int main(int argc, char** argv) {
   hlem::tools::RegisterLoadgenCommands(app, &run);
   hlem::tools::RegisterClusterCommands(app, &run);
   hlem::tools::RegisterSimCommands(app, &run);
+  hlem::tools::RegisterTrainCommands(app, &run);
   CLI11_PARSE(app, argc, argv);
   if (auto s = hlem::InitLogging({.level = "warn"}); !s.ok()) return 2;
   return run ? run() : 2;

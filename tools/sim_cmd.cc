@@ -23,8 +23,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "allocator_service/core/controller.h"
-#include "router/core/policy.h"
-#include "serving_node/service/node_config.h"
+#include "allocator_service/core/mlp.h"
+#include "common/status_macros.h"
 #include "sim/twin/control.h"
 #include "sim/twin/cost_model.h"
 #include "sim/twin/fit.h"
@@ -33,6 +33,7 @@
 #include "sim/workload/trace.h"
 #include "tools/commands.h"
 #include "tools/loadgen/summary.h"
+#include "tools/twin_setup.h"
 
 namespace hlem::tools {
 namespace {
@@ -40,19 +41,14 @@ namespace {
 struct SimFlags {
   std::string trace, node_config = "deploy/local/node.yaml",
                      costs = "sim/costs/cpu-local-cluster.yaml";
-  std::string router = "hlem", csv, windows_csv, alphas, follow = "star", controller = "static";
+  std::string router = "hlem", csv, windows_csv, alphas, follow = "star", controller = "static",
+              weights;
   uint32_t nodes = 4, emb_sample = 1;
   double alpha = 0.5, slo_ms = 0, warmup_s = 0;
   bool quiet = false;
 };
 
-int Fail(absl::string_view what, const absl::Status& st) {
-  std::fprintf(stderr, "hlem sim: %s: %s\n", std::string(what).c_str(),
-               std::string(st.message()).c_str());
-  return st.code() == absl::StatusCode::kInvalidArgument || st.code() == absl::StatusCode::kNotFound
-             ? 2
-             : 1;
-}
+int Fail(absl::string_view what, const absl::Status& st) { return tools::Fail("sim", what, st); }
 
 // Opens the trace for a run: the reader and the callback the twin pulls requests with.
 struct TraceSource {
@@ -74,26 +70,32 @@ struct Setup {
   std::string trace;
   double slo_ms = 0;
   uint64_t window_ns = 0, warmup_ns = 0;
-  std::string controller = "static";  // static | recovery | pid
+  std::string controller = "static";      // static | recovery | pid | ppo
+  std::shared_ptr<allocator::Mlp> actor;  // ppo: the frozen actor (copied per node)
 };
 
 absl::StatusOr<Setup> Prepare(const SimFlags& f) {
   Setup s;
-  auto config = serving::LoadNodeConfig(f.node_config);
-  if (!config.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--node-config: ", config.status().message()));
-  }
-  auto local = serving::ResolveLocalNodeOptions(*config);
-  if (!local.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--node-config: ", local.status().message()));
-  }
-  auto costs = sim::LoadCostModel(f.costs);
-  if (!costs.ok()) {
-    return absl::Status(costs.status().code(), absl::StrCat("--costs: ", costs.status().message()));
-  }
-  auto policy = router::ParsePolicy(f.router);
-  if (!policy.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--router: ", policy.status().message()));
+  ASSIGN_OR_RETURN(TwinSetup setup, LoadTwinSetup({.node_config = f.node_config,
+                                                   .costs = f.costs,
+                                                   .router = f.router,
+                                                   .nodes = f.nodes,
+                                                   .emb_sample = f.emb_sample}));
+  if (f.controller == "ppo") {
+    if (f.weights.empty()) {
+      return absl::InvalidArgumentError("--weights: the ppo controller needs a weights file");
+    }
+    absl::StatusOr<allocator::Mlp> actor = allocator::Mlp::Load(f.weights);
+    if (!actor.ok()) {
+      return absl::Status(actor.status().code(),
+                          absl::StrCat("--weights: ", actor.status().message()));
+    }
+    // The shape is checked once here, not per node.
+    absl::StatusOr<std::unique_ptr<allocator::Controller>> check = allocator::MakePolicy(*actor);
+    if (!check.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--weights: ", check.status().message()));
+    }
+    s.actor = std::make_shared<allocator::Mlp>(std::move(*actor));
   }
   auto reader = sim::TraceReader::Open(f.trace);
   if (!reader.ok()) {
@@ -107,15 +109,9 @@ absl::StatusOr<Setup> Prepare(const SimFlags& f) {
   }
   s.workload = *workload;
   s.trace = f.trace;
-  s.twin.node = {.local = *local,
-                 .model = config->model,
-                 .kv_dtype_bytes = costs->kv_dtype_bytes,
-                 .emb_sample = f.emb_sample};
-  s.twin.nodes = f.nodes;
-  s.twin.costs = *costs;
-  s.twin.router.policy = *policy;
+  s.twin = setup.twin;
   s.twin.alpha = f.alpha;
-  s.slo_ms = f.slo_ms > 0 ? f.slo_ms : absl::ToDoubleMilliseconds(config->node.slo);
+  s.slo_ms = f.slo_ms > 0 ? f.slo_ms : absl::ToDoubleMilliseconds(setup.slo);
   s.controller = f.controller;
   s.window_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(workload->window));
   s.warmup_ns = static_cast<uint64_t>(f.warmup_s * 1e9);
@@ -197,11 +193,12 @@ absl::StatusOr<std::unique_ptr<sim::Twin>> RunTwin(
     st = (*twin)->Run(source.Next());
   } else {
     // "recovery": the recovery controller around the static α; "pid": PID on the P99 error,
-    // starting at α.
+    // starting at α; "ppo": the frozen PPO actor (PPO-only), starting at α.
     absl::StatusOr<std::vector<sim::ControlRecord>> records =
         sim::RunControlled(**twin, source.Next(),
                            [&]() -> std::unique_ptr<allocator::Controller> {
                              if (s.controller == "pid") return *allocator::MakePid();
+                             if (s.controller == "ppo") return *allocator::MakePolicy(*s.actor);
                              return *allocator::MakeRecovery(allocator::MakeStatic(alpha));
                            },
                            {.window = s.twin.node.local.node.window});
@@ -681,10 +678,13 @@ void RegisterSimCommands(CLI::App& app, Run* run) {
   run_cmd->add_option("--csv", r->csv, "write one row per request here");
   run_cmd
       ->add_option("--controller", r->controller,
-                   "static (α fixed), recovery (the recovery controller around the static α) or "
-                   "pid (PID on the P99 error from --alpha); the latter decide every window per "
-                   "node")
-      ->check(CLI::IsMember({"static", "recovery", "pid"}));
+                   "static (α fixed), recovery (the recovery controller around the static α), "
+                   "pid (PID on the P99 error from --alpha) or ppo (the frozen PPO policy of "
+                   "--weights from --alpha); all but static decide every window per node")
+      ->check(CLI::IsMember({"static", "recovery", "pid", "ppo"}));
+  run_cmd->add_option("--weights", r->weights,
+                      "the ppo controller's actor (hlem train-ppo --out; "
+                      "allocator_service/policies/)");
   run_cmd->add_option("--windows-csv", r->windows_csv, "write one row per window here");
   run_cmd->callback([=] { *run = [=] { return RunSim(*r); }; });
 

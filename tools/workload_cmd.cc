@@ -28,9 +28,7 @@ struct GenerateArgs {
 };
 
 int Fail(absl::string_view what, const absl::Status& st) {
-  std::fprintf(stderr, "hlem workload: %s: %s\n", std::string(what).c_str(),
-               std::string(st.message()).c_str());
-  return st.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  return tools::Fail("workload", what, st);
 }
 
 int Generate(const GenerateArgs& a) {

@@ -195,7 +195,8 @@ std::array<double, kNumFeatures> Features(const WindowState& w) {
 double Reward(const WindowState& w) {
   const double satisfied = 1 - Unit(w.slo_violation_fraction);
   if (w.slo_seconds <= 0) return satisfied;
-  return satisfied - std::max(0.0, w.p99_seconds - w.slo_seconds) / w.slo_seconds;
+  const double cap = w.p99_norm_cap > 1 ? w.p99_norm_cap : 1;
+  return satisfied - std::max(0.0, std::min(w.p99_seconds / w.slo_seconds, cap) - 1);
 }
 
 const char* ReasonName(Reason reason) {

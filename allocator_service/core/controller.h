@@ -39,7 +39,9 @@ inline constexpr int kNumFeatures = 7;
 // P99 ÷ SLO (capped, ÷ cap); each clamped to [0, 1].
 std::array<double, kNumFeatures> Features(const WindowState& w);
 
-// SLO-satisfied fraction − max(0, P99 − SLO) ÷ SLO (ARCHITECTURE §3).
+// SLO-satisfied fraction − max(0, P99 − SLO) ÷ SLO (ARCHITECTURE §3), P99 ÷ SLO capped at
+// p99_norm_cap as in the features and the oracle's reward (sim/twin/oracle.h): a window that
+// fails outright scores −cap, not −∞.
 double Reward(const WindowState& w);
 
 // Δα of the learned controllers' action set.

@@ -48,6 +48,9 @@ TEST(FeaturesTest, RewardIsSatisfactionMinusTheNormalisedOverrun) {
   w.p99_seconds = 0.045;              // 15 ms over a 30 ms SLO: −0.5
   w.slo_violation_fraction = 0.05;
   EXPECT_NEAR(Reward(w), 0.95 - 0.5, 1e-12);
+  w.p99_seconds = 3.0;  // 100× the SLO: the overrun is capped at p99_norm_cap (4) − 1
+  w.slo_violation_fraction = 1;
+  EXPECT_NEAR(Reward(w), -3.0, 1e-12);
 }
 
 TEST(StaticTest, AlwaysTheSameAlphaUnclipped) {

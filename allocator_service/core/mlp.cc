@@ -22,6 +22,7 @@ class Tokens {
     std::istringstream in(text);
     std::string line;
     for (int n = 1; std::getline(in, line); ++n) {
+      line = line.substr(0, line.find('#'));  // a comment runs to the end of its line
       std::istringstream words(line);
       std::string w;
       while (words >> w) tokens_.push_back({std::move(w), n});

@@ -15,8 +15,9 @@
 //   ...
 //   <b_0> ... <b_out-1>
 //
-// Numbers are decimal floats; whitespace and line breaks between them are free. Every error
-// names what was expected and where (line). Forward() allocates nothing (its scratch is the
+// Numbers are decimal floats; whitespace and line breaks between them are free; '#' starts a
+// comment that runs to the end of its line (training records its command and options there). Every
+// error names what was expected and where (line). Forward() allocates nothing (its scratch is the
 // object's: one thread at a time per instance).
 
 #include <cstdint>

@@ -47,6 +47,11 @@ TEST(MlpTest, SerializeParseRoundTripsExactly) {
   auto back = Mlp::Parse(text);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->Serialize(), text);
+  // Comments (what training records) are skipped wherever they start.
+  auto commented = Mlp::Parse("# hlem train-ppo --seed 1\n" + text.substr(0, text.find('\n')) +
+                              "  # version\n" + text.substr(text.find('\n') + 1));
+  ASSERT_TRUE(commented.ok()) << commented.status();
+  EXPECT_EQ(commented->Serialize(), text);
   std::uniform_real_distribution<float> u(0, 1);
   for (int t = 0; t < 20; ++t) {
     std::vector<float> x(7), y1(7), y2(7);
