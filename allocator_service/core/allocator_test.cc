@@ -1,0 +1,287 @@
+#include "allocator_service/core/allocator.h"
+
+#include <gtest/gtest.h>
+
+#include <deque>
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace hlem::allocator {
+namespace {
+
+// Fake serving nodes on a simulated clock: each closes a window every `window`; GetState returns
+// the last 8; SetAlpha keeps the last accepted (epoch, decision id) as a node does. Answers
+// inline, or from a thread after `delay` of wall time (threaded = true).
+class FakeNodes final : public NodeApi {
+ public:
+  struct Node {
+    std::string id;
+    uint64_t incarnation = 1;
+    uint64_t opened_at_window = 0;  // the clock's window count when this incarnation started
+    double alpha = 0.5;
+    uint64_t epoch = 0, decision = 0;
+    int set_calls = 0, state_calls = 0;
+    bool fail_state = false, fail_push = false;
+  };
+  FakeNodes(SimClock& clock, absl::Duration window) : clock_(clock), window_(window) {}
+  ~FakeNodes() override {
+    for (std::thread& t : threads_) t.join();
+  }
+
+  Node& Add(const std::string& address) {
+    Node& n = nodes_[address];
+    n.id = absl::StrCat("node-", nodes_.size() - 1);
+    n.opened_at_window = Closed(0);
+    return n;
+  }
+  Node& at(const std::string& address) { return nodes_.at(address); }
+  // Windows closed since the start of time (index in the clock's frame).
+  uint64_t Closed(uint64_t) const {
+    return static_cast<uint64_t>((clock_.Now() - absl::UnixEpoch()) / window_);
+  }
+
+  void GetState(const std::string& address, absl::Duration,
+                std::function<void(absl::StatusOr<State>)> done) override {
+    Node& n = nodes_.at(address);
+    ++n.state_calls;
+    if (n.fail_state)
+      return Answer(std::move(done), absl::StatusOr<State>(absl::UnavailableError("node down")));
+    State s{.node_id = n.id, .incarnation = n.incarnation};
+    const uint64_t closed = Closed(0) - n.opened_at_window;  // windows of this incarnation
+    for (uint64_t i = closed > 8 ? closed - 8 : 0; i < closed; ++i) {
+      s.windows.push_back({.index = i,
+                           .requests = 100,
+                           .hot_user_ratio = 0.3,
+                           .alpha = n.alpha,
+                           .p99_seconds = 0.020,
+                           .slo_seconds = 0.025});
+    }
+    Answer(std::move(done), absl::StatusOr<State>(std::move(s)));
+  }
+
+  void SetAlpha(const std::string& admin, const Push& push, absl::Duration,
+                std::function<void(absl::StatusOr<Applied>)> done) override {
+    Node& n = nodes_.at(admin.substr(0, admin.find("-admin")));
+    ++n.set_calls;
+    pushes.push_back(push);
+    if (n.fail_push)
+      return Answer(std::move(done), absl::StatusOr<Applied>(absl::DeadlineExceededError("slow")));
+    n.alpha = push.alpha;
+    n.epoch = push.allocator_epoch;
+    n.decision = push.decision_id;
+    Answer(std::move(done), absl::StatusOr<Applied>(Applied{push.alpha, n.incarnation}));
+  }
+
+  bool threaded = false;
+  std::vector<Push> pushes;
+
+ private:
+  template <typename T>
+  void Answer(std::function<void(T)> done, T value) {
+    if (!threaded) return done(std::move(value));
+    threads_.emplace_back([done = std::move(done), value = std::move(value)]() mutable {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      done(std::move(value));
+    });
+  }
+  SimClock& clock_;
+  const absl::Duration window_;
+  std::map<std::string, Node> nodes_;
+  std::vector<std::thread> threads_;
+};
+
+// α = 0.1 + 0.01 × the window's index; logs the windows it saw where the test can read them
+// after the allocator dropped it.
+class IndexController final : public Controller {
+ public:
+  explicit IndexController(std::vector<uint64_t>* seen) : seen_(*seen) {}
+  std::string name() const override { return "index"; }
+  Decision Decide(std::span<const WindowState> h) override {
+    seen_.push_back(h.back().index);
+    return {.alpha = 0.1 + 0.01 * static_cast<double>(h.back().index),
+            .reason = Reason::kPolicy,
+            .detail = "index"};
+  }
+
+ private:
+  std::vector<uint64_t>& seen_;
+};
+
+struct Harness {
+  SimClock clock{absl::UnixEpoch()};
+  FakeNodes nodes{clock, absl::Seconds(5)};
+  std::deque<std::vector<uint64_t>> made;  // per controller made: the windows it saw
+  std::unique_ptr<Allocator> allocator;
+
+  explicit Harness(int n, AllocatorOptions options = {.epoch = 7, .allocator_id = "alloc-a"}) {
+    allocator = *Allocator::Create(options, nodes, clock, [this] {
+      made.emplace_back();
+      return std::make_unique<IndexController>(&made.back());
+    });
+    for (int i = 0; i < n; ++i) Add(absl::StrCat("10.0.0.", i, ":7001"));
+  }
+  void Add(const std::string& address) {
+    nodes.Add(address);
+    allocator->AddNode({.address = address, .admin_address = address + "-admin"});
+  }
+  // Advances to 1 ms after the next window closes, then runs a round.
+  RoundStats Round() {
+    clock.AdvanceTo(absl::UnixEpoch() +
+                    absl::Seconds(5) * (static_cast<int64_t>(nodes.Closed(0)) + 1) +
+                    absl::Milliseconds(1));
+    return allocator->RunRound();
+  }
+};
+
+TEST(AllocatorTest, DecidesEachNewWindowAndPushesWithEpochAndGrowingIds) {
+  Harness h(3);
+  RoundStats r = h.Round();  // window 0 closed
+  EXPECT_EQ(r.nodes, 3u);
+  EXPECT_EQ(r.decisions, 3u);
+  EXPECT_EQ(r.pushes, 3u);
+  for (int k = 0; k < 4; ++k) h.Round();
+  uint64_t last_id = 0;
+  for (const NodeApi::Push& p : h.nodes.pushes) {
+    EXPECT_EQ(p.allocator_epoch, 7u);
+    EXPECT_EQ(p.allocator_id, "alloc-a");
+    EXPECT_GT(p.decision_id, last_id);
+    last_id = p.decision_id;
+  }
+  EXPECT_EQ(h.nodes.pushes.size(), 15u);
+  EXPECT_NEAR(h.nodes.at("10.0.0.1:7001").alpha, 0.14, 1e-12);  // window 4
+  ASSERT_EQ(h.made.size(), 3u);
+  EXPECT_EQ(h.made[0], (std::vector<uint64_t>{0, 1, 2, 3, 4}));
+  for (const NodeStatus& s : h.allocator->Nodes()) {
+    EXPECT_TRUE(s.reachable);
+    EXPECT_FALSE(s.pending);
+    EXPECT_NEAR(s.alpha, 0.14, 1e-12);
+    EXPECT_EQ(s.last.window_index, 4u);
+    EXPECT_TRUE(s.last.applied);
+    EXPECT_EQ(s.last.reason, Reason::kPolicy);
+  }
+  // A round before the next window closes decides nothing and pushes nothing.
+  r = h.allocator->RunRound();
+  EXPECT_EQ(r.decisions, 0u);
+  EXPECT_EQ(r.pushes, 0u);
+  EXPECT_EQ(r.no_new_window, 3u);
+}
+
+TEST(AllocatorTest, AnUnansweringNodeKeepsItsAlphaAndCatchesUpInOrder) {
+  Harness h(2);
+  h.Round();
+  h.Round();  // windows 0, 1: α 0.11
+  FakeNodes::Node& down = h.nodes.at("10.0.0.0:7001");
+  down.fail_state = true;
+  RoundStats r = h.Round();
+  EXPECT_EQ(r.poll_failed, 1u);
+  EXPECT_EQ(down.set_calls, 2);  // nothing pushed to it
+  EXPECT_NEAR(down.alpha, 0.11, 1e-12);
+  bool gap = false;
+  std::vector<DecisionRecord> held = h.allocator->Decisions("", 10, 0, &gap);
+  ASSERT_FALSE(held.empty());
+  const DecisionRecord* hold = nullptr;
+  for (const DecisionRecord& d : held) {
+    if (d.no_state) hold = &d;
+  }
+  ASSERT_NE(hold, nullptr);
+  EXPECT_EQ(hold->decision_id, 0u);
+  EXPECT_NE(hold->detail.find("UNAVAILABLE"), std::string::npos) << hold->detail;
+  h.Round();
+  down.fail_state = false;
+  r = h.Round();  // windows 2, 3, 4 are new for it: decided in order, one push (window 4)
+  EXPECT_EQ(h.made[0], (std::vector<uint64_t>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(down.set_calls, 3);
+  EXPECT_NEAR(down.alpha, 0.14, 1e-12);
+}
+
+TEST(AllocatorTest, AFailedPushIsRetriedUntilTakenWithTheSameDecisionId) {
+  Harness h(1);
+  FakeNodes::Node& n = h.nodes.at("10.0.0.0:7001");
+  n.fail_push = true;
+  h.Round();
+  EXPECT_NEAR(n.alpha, 0.5, 1e-12);  // kept its α
+  std::vector<NodeStatus> s = h.allocator->Nodes();
+  EXPECT_TRUE(s[0].pending);
+  EXPECT_FALSE(s[0].reachable);
+  EXPECT_FALSE(s[0].last.applied);
+  EXPECT_NE(s[0].last.apply_error.find("DEADLINE_EXCEEDED"), std::string::npos);
+  n.fail_push = false;
+  RoundStats r = h.allocator->RunRound();  // no new window: the retry alone
+  EXPECT_EQ(r.decisions, 0u);
+  EXPECT_EQ(r.pushes, 1u);
+  ASSERT_EQ(h.nodes.pushes.size(), 2u);
+  EXPECT_EQ(h.nodes.pushes[0].decision_id, h.nodes.pushes[1].decision_id);
+  EXPECT_NEAR(n.alpha, 0.10, 1e-12);
+  s = h.allocator->Nodes();
+  EXPECT_FALSE(s[0].pending);
+  EXPECT_EQ(h.allocator->counters().push_failures, 1u);
+}
+
+TEST(AllocatorTest, ARestartedNodeGetsAFreshControllerThatDecidesOnlyTheNewestWindow) {
+  Harness h(1);
+  for (int k = 0; k < 3; ++k) h.Round();
+  FakeNodes::Node& n = h.nodes.at("10.0.0.0:7001");
+  n.incarnation = 2;
+  n.opened_at_window = h.nodes.Closed(0);  // its windows restart at 0
+  n.alpha = 0.5;
+  for (int k = 0; k < 3; ++k) h.Round();  // the new incarnation closes windows 0, 1, 2
+  ASSERT_EQ(h.made.size(), 2u);
+  EXPECT_EQ(h.made[0], (std::vector<uint64_t>{0, 1, 2}));
+  EXPECT_EQ(h.made[1], (std::vector<uint64_t>{0, 1, 2}));
+  EXPECT_EQ(h.allocator->counters().incarnations, 2u);
+  EXPECT_EQ(h.allocator->Nodes()[0].incarnation, 2u);
+  // A node the allocator meets late: only its newest window is decided on.
+  h.Round();
+  h.Add("10.0.0.9:7001");
+  h.nodes.at("10.0.0.9:7001").opened_at_window = 0;  // it has run since the start
+  h.Round();
+  ASSERT_EQ(h.made.size(), 3u);
+  EXPECT_EQ(h.made[2], (std::vector<uint64_t>{h.nodes.Closed(0) - 1}));
+}
+
+TEST(AllocatorTest, RemovedNodesAreNotPolledAndDecisionsCanBeFollowed) {
+  Harness h(2, {.epoch = 1, .keep_decisions = 5});
+  h.Round();
+  h.allocator->RemoveNode("10.0.0.1:7001");
+  h.allocator->RemoveNode("10.0.0.1:7001");  // idempotent
+  const int calls = h.nodes.at("10.0.0.1:7001").state_calls;
+  for (int k = 0; k < 5; ++k) h.Round();
+  EXPECT_EQ(h.nodes.at("10.0.0.1:7001").state_calls, calls);
+  EXPECT_EQ(h.allocator->Nodes().size(), 1u);
+  bool gap = false;
+  std::vector<DecisionRecord> last = h.allocator->Decisions("", 100, 0, &gap);
+  EXPECT_EQ(last.size(), 5u);  // kept
+  EXPECT_FALSE(gap);
+  std::vector<DecisionRecord> after = h.allocator->Decisions("node-0", 2, 1, &gap);
+  EXPECT_TRUE(gap);  // ids 1..2 were dropped
+  ASSERT_EQ(after.size(), 2u);
+  EXPECT_LT(after[0].decision_id, after[1].decision_id);
+  EXPECT_TRUE(h.allocator->Decisions("node-7", 100, 0, &gap).empty());
+}
+
+TEST(AllocatorTest, RoundsWaitForAnswersFromOtherThreads) {
+  Harness h(64);
+  h.nodes.threaded = true;
+  RoundStats r = h.Round();
+  EXPECT_EQ(r.polled_ok, 64u);
+  EXPECT_EQ(r.decisions, 64u);
+  EXPECT_EQ(r.pushes, 64u);
+  EXPECT_EQ(r.push_failed, 0u);
+  for (const NodeStatus& s : h.allocator->Nodes()) EXPECT_NEAR(s.alpha, 0.10, 1e-12);
+}
+
+TEST(AllocatorTest, BadOptionsAreRefused) {
+  SimClock clock;
+  FakeNodes nodes(clock, absl::Seconds(5));
+  auto make = [] { return MakeStatic(0.5); };
+  EXPECT_FALSE(Allocator::Create({.epoch = 0}, nodes, clock, make).ok());
+  EXPECT_FALSE(Allocator::Create({.interval = absl::ZeroDuration()}, nodes, clock, make).ok());
+  EXPECT_FALSE(Allocator::Create({.keep_decisions = 0}, nodes, clock, make).ok());
+  EXPECT_FALSE(Allocator::Create({}, nodes, clock, nullptr).ok());
+}
+
+}  // namespace
+}  // namespace hlem::allocator
