@@ -3,12 +3,13 @@
 // OS-chosen ports, each a daemon in its own session with its log in the run directory.
 //
 //   up      starts shards, then nodes (with the shards' addresses), then the router (with the
-//           nodes'), waiting for each one's ports file; on any failure stops everything it started
-//           and prints the failing process's log tail. Writes <run-dir>/cluster.state.
+//           nodes'), then, with --allocator, the allocator (with the nodes'), waiting for each
+//           one's ports file; on any failure stops everything it started and prints the failing
+//           process's log tail. Writes <run-dir>/cluster.state.
 //   status  each process: alive, and serving (gRPC health check); exit 1 unless all are.
-//   down    SIGTERM router, nodes, shards in that order (each drains), SIGKILL after the timeout;
-//           only processes whose command line is still the one started (a reused pid is left
-//           alone); removes the state file.
+//   down    SIGTERM allocator, router, nodes, shards in that order (each drains), SIGKILL after
+//           the timeout; only processes whose command line is still the one started (a reused
+//           pid is left alone); removes the state file.
 //
 // cluster.state: one line per process, "<role> <name> <pid> <grpc port> <binary> <log>".
 
@@ -44,6 +45,8 @@ struct ClusterFlags {
   double timeout_s = 180;
   double down_timeout_s = 30;
   std::vector<std::string> router_args;
+  std::string allocator = "none";  // or the allocator's --controller
+  std::vector<std::string> allocator_args;
 };
 
 struct Member {
@@ -127,8 +130,9 @@ int Up(const ClusterFlags& f) {
   const std::string shard_bin = bin + "/embedding_shard/embedding_shard";
   const std::string node_bin = bin + "/serving_node/serving_node";
   const std::string router_bin = bin + "/router/router";
-  for (const std::string& b : {shard_bin, node_bin, router_bin}) {
-    if (access(b.c_str(), X_OK) != 0) {
+  const std::string allocator_bin = bin + "/allocator_service/allocator";
+  for (const std::string& b : {shard_bin, node_bin, router_bin, allocator_bin}) {
+    if ((b != allocator_bin || f.allocator != "none") && access(b.c_str(), X_OK) != 0) {
       std::fprintf(stderr, "hlem cluster up: %s is missing (build it, or pass --bin-dir)\n",
                    b.c_str());
       return 2;
@@ -187,6 +191,13 @@ int Up(const ClusterFlags& f) {
   std::vector<std::string> router_args = {"--nodes", absl::StrJoin(node_addresses, ",")};
   router_args.insert(router_args.end(), f.router_args.begin(), f.router_args.end());
   if (!start("router", "router", router_bin, router_args)) return 1;
+  const int router_port = members.back().port;
+  if (f.allocator != "none") {
+    std::vector<std::string> args = {"--nodes", absl::StrJoin(node_addresses, ","), "--controller",
+                                     f.allocator};
+    args.insert(args.end(), f.allocator_args.begin(), f.allocator_args.end());
+    if (!start("allocator", "allocator", allocator_bin, args)) return 1;
+  }
 
   std::ofstream state(StatePath(f.run_dir));
   for (const Member& m : members) {
@@ -201,7 +212,7 @@ int Up(const ClusterFlags& f) {
   }
   for (ChildProcess& c : started) c.Detach();
   std::printf("cluster up in %.1f s: router 127.0.0.1:%d (hlem cluster status|down --run-dir %s)\n",
-              absl::ToDoubleSeconds(absl::Now() - t0), members.back().port, f.run_dir.c_str());
+              absl::ToDoubleSeconds(absl::Now() - t0), router_port, f.run_dir.c_str());
   return 0;
 }
 
@@ -238,7 +249,7 @@ int Down(const ClusterFlags& f) {
   }
   int stopped = 0, killed = 0;
   // Router first (stops new requests), then the nodes (drain), then the shards.
-  for (const std::string role : {"router", "node", "shard"}) {
+  for (const std::string role : {"allocator", "router", "node", "shard"}) {
     std::vector<Member> group;
     for (const Member& m : *state) {
       if (m.role == role && Alive(m)) group.push_back(m);
@@ -275,6 +286,12 @@ void RegisterClusterCommands(CLI::App& app, Run* run) {
   up->add_option("--timeout-s", f->timeout_s, "wait this long for each process")
       ->check(CLI::PositiveNumber);
   up->add_option("--router-arg", f->router_args, "extra router flag (repeatable)")
+      ->allow_extra_args(false);
+  up->add_option("--allocator", f->allocator,
+                 "start the allocator with this controller (none, hlem, ppo, static, kv_only, "
+                 "recovery, pid); hlem and ppo need --allocator-arg=--weights=<file>")
+      ->check(CLI::IsMember({"none", "hlem", "ppo", "static", "kv_only", "recovery", "pid"}));
+  up->add_option("--allocator-arg", f->allocator_args, "extra allocator flag (repeatable)")
       ->allow_extra_args(false);
   for (CLI::App* sub : {up, cluster->add_subcommand("status", "is every process serving?"),
                         cluster->add_subcommand("down", "stop the local cluster")}) {

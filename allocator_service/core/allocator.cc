@@ -112,13 +112,14 @@ RoundStats Allocator::RunRound() {
       n.history.clear();
       n.pending = false;
       n.next_window = windows.empty() ? 0 : windows.back().index;
-      if (!windows.empty()) n.alpha = windows.back().alpha;
+      n.pushed = false;
       ++counters_.incarnations;
     }
     bool decided = false;
     for (const WindowState& w : windows) {
       if (w.index < n.next_window) continue;
       n.next_window = w.index + 1;
+      if (!n.pushed) n.alpha = w.alpha;  // until a push is taken, the node's own α
       n.history.push_back(w);
       while (n.history.size() > options_.max_history) n.history.pop_front();
       const std::vector<WindowState> h(n.history.begin(), n.history.end());
@@ -189,6 +190,7 @@ RoundStats Allocator::RunRound() {
       if (a.ok()) {
         n.alpha = n.pending_alpha;
         n.pending = false;
+        n.pushed = true;
       } else {
         n.reachable = false;
         ++stats.push_failed;

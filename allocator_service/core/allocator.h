@@ -150,6 +150,7 @@ class Allocator {
     std::deque<WindowState> history;
     uint64_t next_window = 0;  // first window index not decided on
     double alpha = 0;          // α the node is known to have
+    bool pushed = false;       // a push was taken in this incarnation (else α is the window's)
     double pending_alpha = 0;
     bool pending = false;
     uint64_t pending_id = 0;

@@ -204,6 +204,8 @@ TEST(AllocatorTest, AFailedPushIsRetriedUntilTakenWithTheSameDecisionId) {
   h.Round();
   EXPECT_NEAR(n.alpha, 0.5, 1e-12);  // kept its α
   std::vector<NodeStatus> s = h.allocator->Nodes();
+  EXPECT_NEAR(s[0].alpha, 0.5, 1e-12);  // the node's own α, as its window reported it
+  EXPECT_NEAR(s[0].last.alpha_before, 0.5, 1e-12);
   EXPECT_TRUE(s[0].pending);
   EXPECT_FALSE(s[0].reachable);
   EXPECT_FALSE(s[0].last.applied);
