@@ -8,7 +8,6 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -26,6 +25,7 @@
 #include "common/logging.h"
 #include "common/membership.h"
 #include "common/metrics.h"
+#include "common/process.h"
 #include "router/service/node_links.h"
 
 namespace {
@@ -184,15 +184,8 @@ int main(int argc, char** argv) {
   server_options.listen = listen;
   auto server = hlem::GrpcServer::Create(server_options, {&service});
   if (!server.ok()) return Fail(server.status());
-  if (!ports_file.empty()) {
-    const std::string tmp = ports_file + ".tmp";
-    {
-      std::ofstream out(tmp);
-      out << "grpc=" << (*server)->port() << "\n"
-          << "metrics=" << (exposer ? exposer->port() : 0) << "\n";
-    }
-    std::rename(tmp.c_str(), ports_file.c_str());
-  }
+  hlem::WritePortsFile(ports_file,
+                       {{"grpc", (*server)->port()}, {"metrics", exposer ? exposer->port() : 0}});
   log->info("serving grpc_port={} controller={} interval_s={} epoch={} nodes={} discovery={}",
             (*server)->port(), controller, interval_s, epoch, (*allocator)->Nodes().size(),
             (*resolver)->target());

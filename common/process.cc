@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <fstream>
 #include <string>
 
@@ -144,6 +145,17 @@ absl::StatusOr<int> WaitForPort(const std::string& ports_file, const std::string
     absl::SleepFor(absl::Milliseconds(10));
   }
   return absl::DeadlineExceededError(absl::StrCat("no '", key, "' in ", ports_file));
+}
+
+void WritePortsFile(const std::string& path,
+                    std::initializer_list<std::pair<const char*, int>> ports) {
+  if (path.empty()) return;
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    for (const auto& [key, port] : ports) out << key << "=" << port << "\n";
+  }
+  std::rename(tmp.c_str(), path.c_str());
 }
 
 }  // namespace hlem

@@ -6,7 +6,9 @@
 
 #include <sys/types.h>
 
+#include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -54,5 +56,10 @@ class ChildProcess {
 // the value of `key`; DEADLINE_EXCEEDED after `timeout`.
 absl::StatusOr<int> WaitForPort(const std::string& ports_file, const std::string& key,
                                 absl::Duration timeout, ChildProcess* process = nullptr);
+
+// Writes the "key=value" lines WaitForPort reads (a server's --ports-file: grpc=, metrics=, ...)
+// atomically: to a temporary file, then renamed over `path`. Nothing for an empty path.
+void WritePortsFile(const std::string& path,
+                    std::initializer_list<std::pair<const char*, int>> ports);
 
 }  // namespace hlem

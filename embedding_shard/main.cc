@@ -3,7 +3,6 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -11,6 +10,7 @@
 #include "common/grpc_server.h"
 #include "common/logging.h"
 #include "common/metrics.h"
+#include "common/process.h"
 #include "embedding_shard/core/shard_config.h"
 #include "embedding_shard/core/shard_store.h"
 #include "embedding_shard/service/shard_metrics.h"
@@ -99,15 +99,8 @@ int main(int argc, char** argv) {
   auto server = hlem::GrpcServer::Create(server_options, {&service});
   if (!server.ok()) return Fail(server.status());
 
-  if (!ports_file.empty()) {
-    std::string tmp = ports_file + ".tmp";
-    {
-      std::ofstream out(tmp);
-      out << "grpc=" << (*server)->port() << "\n"
-          << "metrics=" << (exposer ? exposer->port() : 0) << "\n";
-    }
-    std::rename(tmp.c_str(), ports_file.c_str());
-  }
+  hlem::WritePortsFile(ports_file,
+                       {{"grpc", (*server)->port()}, {"metrics", exposer ? exposer->port() : 0}});
   log->info("serving shard={} grpc_port={} metrics_port={} ucx={}", shard_index, (*server)->port(),
             exposer ? exposer->port() : 0, ucx != nullptr);
 

@@ -6,7 +6,6 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,6 +20,7 @@
 #include "common/membership.h"
 #include "common/metrics.h"
 #include "common/periodic.h"
+#include "common/process.h"
 #include "grpcpp/client_context.h"
 #include "router/core/cluster.h"
 #include "router/service/node_links.h"
@@ -207,15 +207,8 @@ int main(int argc, char** argv) {
   server_options.drain_timeout = absl::Seconds(drain_seconds);
   auto server = hlem::GrpcServer::Create(server_options, {&service});
   if (!server.ok()) return Fail(server.status());
-  if (!ports_file.empty()) {
-    const std::string tmp = ports_file + ".tmp";
-    {
-      std::ofstream out(tmp);
-      out << "grpc=" << (*server)->port() << "\n"
-          << "metrics=" << (exposer ? exposer->port() : 0) << "\n";
-    }
-    std::rename(tmp.c_str(), ports_file.c_str());
-  }
+  hlem::WritePortsFile(ports_file,
+                       {{"grpc", (*server)->port()}, {"metrics", exposer ? exposer->port() : 0}});
   log->info("serving grpc_port={} policy={} nodes={} discovery={}", (*server)->port(), policy,
             links.size(), (*resolver)->target());
   (*membership)->Start();

@@ -17,6 +17,7 @@
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/periodic.h"
+#include "common/process.h"
 #include "embedding_shard/client/shard_client_factory.h"
 #include "serving_node/service/node_config.h"
 #include "serving_node/service/node_metrics.h"
@@ -148,16 +149,9 @@ int main(int argc, char** argv) {
   auto refresher =
       std::make_unique<hlem::PeriodicThread>(absl::Seconds(1), [&] { metrics.Refresh(*s.node); });
 
-  if (!ports_file.empty()) {
-    std::string tmp = ports_file + ".tmp";
-    {
-      std::ofstream out(tmp);
-      out << "grpc=" << (*server)->port() << "\n"
-          << "admin=" << (*server)->admin_port() << "\n"
-          << "metrics=" << (exposer ? exposer->port() : 0) << "\n";
-    }
-    std::rename(tmp.c_str(), ports_file.c_str());
-  }
+  hlem::WritePortsFile(ports_file, {{"grpc", (*server)->port()},
+                                    {"admin", (*server)->admin_port()},
+                                    {"metrics", exposer ? exposer->port() : 0}});
   log->info(
       "serving node={} epoch={} grpc_port={} admin_port={} metrics_port={} pool_bytes={} "
       "alpha={} model={}",
