@@ -263,6 +263,7 @@ class Explorer final : public Controller {
     const WindowState& now = history.back();
     if (have_pending_) {
       pending_.reward = Reward(now);
+      pending_.window = now.index;
       out_->steps.push_back(std::move(pending_));
     }
     const std::array<double, kNumFeatures> f = Features(now);

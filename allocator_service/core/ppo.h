@@ -45,9 +45,10 @@ struct PpoStep {
   std::vector<double> raw;  // the observation as the environment gave it
   std::vector<double> obs;  // normalised with the statistics in force when it was collected
   int action = 0;
-  double logp = 0;    // log π(action | obs) at collection
-  double value = 0;   // V(obs) at collection
-  double reward = 0;  // what followed the action
+  double logp = 0;      // log π(action | obs) at collection
+  double value = 0;     // V(obs) at collection
+  double reward = 0;    // what followed the action
+  uint64_t window = 0;  // the explorer's: index of the window whose Reward() this is
 };
 
 // A run of decisions of one actor (one node); `bootstrap` is V of the state after the last step

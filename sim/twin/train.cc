@@ -1,8 +1,10 @@
 #include "sim/twin/train.h"
 
 #include <memory>
+#include <span>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "common/rng.h"
@@ -17,6 +19,27 @@ double Draw(uint64_t seed, uint64_t index, uint64_t what, double lo, double hi) 
                    static_cast<double>(uint64_t{1} << 53);
   return lo + (hi - lo) * u;
 }
+
+// Logs every closed window's reward and requests into the cluster's table, then lets the
+// explorer decide.
+class ClusterRewardLog final : public allocator::Controller {
+ public:
+  ClusterRewardLog(std::unique_ptr<allocator::Controller> inner,
+                   absl::flat_hash_map<uint64_t, std::pair<double, double>>* cluster)
+      : inner_(std::move(inner)), cluster_(*cluster) {}
+  std::string name() const override { return inner_->name(); }
+  allocator::Decision Decide(std::span<const allocator::WindowState> history) override {
+    const allocator::WindowState& w = history.back();
+    const double requests = static_cast<double>(w.requests);
+    cluster_[w.index].first += requests * allocator::Reward(w);
+    cluster_[w.index].second += requests;
+    return inner_->Decide(history);
+  }
+
+ private:
+  std::unique_ptr<allocator::Controller> inner_;
+  absl::flat_hash_map<uint64_t, std::pair<double, double>>& cluster_;
+};
 
 }  // namespace
 
@@ -72,6 +95,8 @@ absl::StatusOr<std::vector<allocator::PpoEpisode>> CollectEpisodes(
   ASSIGN_OR_RETURN(std::unique_ptr<Twin> twin, Twin::Create(o, workload));
   ASSIGN_OR_RETURN(std::unique_ptr<WorkloadGenerator> gen, WorkloadGenerator::Create(workload));
   std::vector<allocator::PpoEpisode> episodes(twin->num_nodes());
+  // Window index → (Σ requests · reward, Σ requests) over the nodes.
+  absl::flat_hash_map<uint64_t, std::pair<double, double>> cluster;
   size_t next_node = 0;
   absl::Status made;
   auto make = [&]() -> std::unique_ptr<allocator::Controller> {
@@ -82,12 +107,21 @@ absl::StatusOr<std::vector<allocator::PpoEpisode>> CollectEpisodes(
       made = c.status();
       return nullptr;
     }
-    return std::move(*c);
+    return std::make_unique<ClusterRewardLog>(std::move(*c), &cluster);
   };
   absl::StatusOr<std::vector<ControlRecord>> records = RunControlled(
       *twin, [&](TraceRequest* r) { return gen->Next(r); }, make, control);
   RETURN_IF_ERROR(made);
   RETURN_IF_ERROR(records.status());
+  // Each step's reward becomes the cluster's for its window.
+  for (allocator::PpoEpisode& e : episodes) {
+    for (allocator::PpoStep& step : e.steps) {
+      const auto it = cluster.find(step.window);
+      if (it != cluster.end() && it->second.second > 0) {
+        step.reward = it->second.first / it->second.second;
+      }
+    }
+  }
   return episodes;
 }
 

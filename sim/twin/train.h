@@ -37,7 +37,10 @@ std::string DescribeWorkload(const WorkloadConfig& w);
 
 // Replays `workload` (generated, not read from a file) through a twin of `options` starting at
 // `start_alpha`, every node under an explorer of `agent` (keyed by seed and node); returns one
-// episode per node.
+// episode per node. Each step's reward is then the cluster's for that window: the mean of the
+// nodes' window rewards weighted by their requests. (With each node's own reward the policy
+// learns to push load onto the other nodes: a node that lowers α loses EMB locality, the router
+// sends it fewer requests and its own P99 improves while the cluster's gets worse.)
 absl::StatusOr<std::vector<allocator::PpoEpisode>> CollectEpisodes(
     const TwinOptions& options, const WorkloadConfig& workload, double start_alpha,
     const allocator::PpoAgent& agent, uint64_t seed, const ControlOptions& control,

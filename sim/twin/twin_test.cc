@@ -1,6 +1,8 @@
 #include "sim/twin/twin.h"
+#include "sim/twin/train.h"
 
 #include <cmath>
+#include <map>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -9,6 +11,7 @@
 #include "sim/twin/oracle.h"
 #include "sim/twin/shared_compute.h"
 #include "sim/twin/sim_device.h"
+#include "sim/twin/train.h"
 #include "sim/twin/twin_testing.h"
 #include "sim/workload/workload_testing.h"
 
@@ -347,6 +350,42 @@ TEST(CostModelTest, NewFieldsRoundTripAndBadOnesNameTheField) {
     EXPECT_NE(r.status().message().find(field.substr(0, field.find(':'))), std::string::npos)
         << r.status();
   }
+}
+
+TEST(TrainTest, EveryNodeGetsAnEpisodeRewardedByTheClusterWindow) {
+  WorkloadConfig base = testing::TinyWorkload();
+  double alpha = 0;
+  const WorkloadConfig workload =
+      TrainingWorkload(base, {.length = absl::Seconds(20)}, 5, 3, &alpha);
+  EXPECT_EQ(workload.phases.size(), 1u);
+  EXPECT_NE(workload.seed, base.seed);
+  EXPECT_GE(alpha, 0.1);
+  EXPECT_LE(alpha, 0.9);
+  // Keyed: the same (seed, index) gives the same trace config, another index another.
+  EXPECT_EQ(
+      WorkloadConfigYaml(TrainingWorkload(base, {.length = absl::Seconds(20)}, 5, 3, nullptr)),
+      WorkloadConfigYaml(workload));
+  EXPECT_NE(
+      WorkloadConfigYaml(TrainingWorkload(base, {.length = absl::Seconds(20)}, 5, 4, nullptr)),
+      WorkloadConfigYaml(workload));
+  std::unique_ptr<allocator::PpoAgent> agent =
+      *allocator::PpoAgent::Create(allocator::kNumFeatures, allocator::kActions.size(), {});
+  const TwinOptions options = testing::TinyTwin(workload);
+  absl::StatusOr<std::vector<allocator::PpoEpisode>> episodes = CollectEpisodes(
+      options, workload, alpha, *agent, 9, {.window = options.node.local.node.window});
+  ASSERT_TRUE(episodes.ok()) << episodes.status();
+  ASSERT_EQ(episodes->size(), options.nodes);
+  std::map<uint64_t, double> by_window;
+  for (const allocator::PpoEpisode& e : *episodes) {
+    EXPECT_GE(e.steps.size(), 17u);  // 1 s windows over 20 s, the last one unrewarded
+    for (const allocator::PpoStep& s : e.steps) {
+      auto [it, fresh] = by_window.emplace(s.window, s.reward);
+      if (!fresh) {
+        EXPECT_DOUBLE_EQ(it->second, s.reward) << "window " << s.window;
+      }
+    }
+  }
+  EXPECT_GE(by_window.size(), 17u);
 }
 
 TEST(TwinTest, BadOptionsNameTheField) {
