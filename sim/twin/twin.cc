@@ -136,7 +136,7 @@ bool Twin::ScheduleNext() {
                 .sent_ns = r->trace.t_ns,
                 .user = r->trace.user,
                 .candidates = static_cast<uint32_t>(r->trace.candidates.size() / F)};
-  outcomes_.emplace_back();
+  outcomes_.push_back(r->outcome);  // sent_ns known now: AnsweredBefore reads it (unanswered)
   clock_.ScheduleAt(start_ + absl::Nanoseconds(static_cast<int64_t>(r->trace.t_ns)), [this, r] {
     ScheduleNext();  // keeps one request read ahead
     if (options_.costs.background_cpu > absl::ZeroDuration() && compute_.size() == 1) {

@@ -148,6 +148,34 @@ TEST(TwinTest, EveryRequestIsAnsweredAndReturningUsersReuseTheirKv) {
   EXPECT_GT(twin->stats().simulated, absl::Seconds(4));
 }
 
+TEST(TwinTest, AnsweredBeforeIgnoresRequestsSentLater) {
+  // The oracle's children wait on this with later requests still in flight: it must look only
+  // at the requests sent before t (a regression: unanswered entries once read as sent at 0).
+  const WorkloadConfig workload = testing::TinyWorkload();  // 5 s at 100 requests/s
+  const std::vector<TraceRequest> trace = Generate(workload);
+  auto twin = Twin::Create(testing::TinyTwin(workload), workload);
+  ASSERT_TRUE(twin.ok()) << twin.status();
+  size_t i = 0;
+  ASSERT_TRUE((*twin)
+                  ->Start([&](TraceRequest* r) {
+                    if (i == trace.size()) return false;
+                    *r = trace[i++];
+                    return true;
+                  })
+                  .ok());
+  (*twin)->RunUntil(absl::Seconds(3));
+  size_t in_flight_later = 0, unanswered_before = 0;
+  for (const TwinOutcome& o : (*twin)->outcomes()) {
+    if (o.answered) continue;
+    (o.sent_ns < 2'000'000'000 ? unanswered_before : in_flight_later) += 1;
+  }
+  EXPECT_EQ(unanswered_before, 0u);  // 1 s is plenty at this load
+  EXPECT_GT(in_flight_later, 0u);    // the request read ahead, at least
+  EXPECT_TRUE((*twin)->AnsweredBefore(absl::Seconds(2)));
+  EXPECT_FALSE((*twin)->AnsweredBefore(absl::Seconds(4)));  // not sent yet
+  EXPECT_TRUE((*twin)->Finish().ok());
+}
+
 TEST(TwinTest, SameSeedSameLogHashOtherAlphaOtherResult) {
   const WorkloadConfig workload = testing::TinyWorkload();
   const std::vector<TraceRequest> trace = Generate(workload);
