@@ -41,8 +41,8 @@ namespace {
 struct SimFlags {
   std::string trace, node_config = "deploy/local/node.yaml",
                      costs = "sim/costs/cpu-local-cluster.yaml";
-  std::string router = "hlem", csv, windows_csv, alphas, follow = "star", controller = "static",
-              weights;
+  std::string router = "hlem", csv, windows_csv, decisions_csv, alphas, follow = "star",
+              controller = "static", weights;
   uint32_t nodes = 4, emb_sample = 1;
   double alpha = 0.5, slo_ms = 0, warmup_s = 0;
   bool quiet = false;
@@ -123,6 +123,7 @@ struct RunResult {
   std::vector<loadgen::Outcome> outcomes;
   sim::TwinStats stats;
   std::string nodes;  // a line per node: its caches and link over the whole run
+  std::vector<sim::ControlRecord> decisions;  // under a controller
 };
 
 // A line per node over the whole run (beyond 16 nodes: the cluster's totals and the spread of
@@ -234,6 +235,7 @@ absl::StatusOr<RunResult> RunOnce(const Setup& s, double alpha) {
   if (!twin.ok()) return twin.status();
   RunResult result;
   if (s.controller != "static") result.nodes = DecisionsLine(decisions);
+  result.decisions = std::move(decisions);
   result.stats = (*twin)->stats();
   result.nodes += NodeLines(**twin);
   for (const sim::TwinOutcome& o : (*twin)->outcomes()) {
@@ -299,8 +301,15 @@ int RunSim(const SimFlags& f) {
               f.nodes, f.alpha, f.router.c_str(), f.costs.c_str(), s->twin.costs.device.c_str(),
               loadgen::FormatReport(r->report, s->slo_ms).c_str(), r->nodes.c_str(),
               SpeedLine(r->stats).c_str());
-  return std::max(WriteFile(f.csv, loadgen::OutcomesCsv(r->outcomes)),
-                  WriteFile(f.windows_csv, loadgen::WindowsCsv(r->report)));
+  // The controller's α per node, in force from the window after `window` on.
+  std::string decisions = "window,node,alpha,reason\n";
+  for (const sim::ControlRecord& d : r->decisions) {
+    absl::StrAppendFormat(&decisions, "%d,%d,%.4f,%s\n", d.window, d.node, d.alpha,
+                          allocator::ReasonName(d.reason));
+  }
+  return std::max({WriteFile(f.csv, loadgen::OutcomesCsv(r->outcomes)),
+                   WriteFile(f.windows_csv, loadgen::WindowsCsv(r->report)),
+                   WriteFile(f.decisions_csv, decisions)});
 }
 
 // The reward of ARCHITECTURE §3 over the whole run (sim::Reward: failures count as never
@@ -686,6 +695,9 @@ void RegisterSimCommands(CLI::App& app, Run* run) {
                       "the ppo controller's actor (hlem train-ppo --out; "
                       "allocator_service/policies/)");
   run_cmd->add_option("--windows-csv", r->windows_csv, "write one row per window here");
+  run_cmd->add_option("--decisions-csv", r->decisions_csv,
+                      "write the controller's decisions here (window, node, alpha, reason; the "
+                      "alpha is in force from the next window on)");
   run_cmd->callback([=] { *run = [=] { return RunSim(*r); }; });
 
   auto s = std::make_shared<SimFlags>();

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The allocator's controllers side by side in the twin (docs/allocator.md): held-out Steady, Trend
+# and Burst traces of the local profile (seeds not used in training), each replayed once per
+# controller from the same starting α; prints one row per (regime, controller): P99, SLO
+# satisfaction, reward (SLO fraction − max(0, P99 − SLO) ÷ SLO over the whole run after the
+# warm-up), the decisions by reason and each node's final α.
+# With --oracle, also α*_t of every window of each trace (`hlem sim oracle`, the parent following
+# α*; minutes per trace, kept in out/alloc/<regime>-<seed>.oracle.csv and reused) and each
+# controller's gap: the mean over windows after the warm-up and over nodes of |α − α*_t|, α being
+# the one in force during window t (decided after window t − 1, or the static/starting α).
+# Usage: scripts/allocator-eval.sh [--weights allocator_service/policies/ppo-local.mlp]
+#        [--seed 103] [--duration-s 180] [--alpha 0.5] [--warmup-s 30] [--oracle]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+weights=allocator_service/policies/ppo-local.mlp seed=103 duration=180 alpha=0.5 warmup=30 oracle=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --weights) weights=$2; shift 2 ;;
+    --seed) seed=$2; shift 2 ;;
+    --duration-s) duration=$2; shift 2 ;;
+    --alpha) alpha=$2; shift 2 ;;
+    --warmup-s) warmup=$2; shift 2 ;;
+    --oracle) oracle=1; shift ;;
+    *) echo "allocator-eval.sh: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+done
+hlem=${HLEM_BUILD_DIR:-build-release}/tools/hlem
+[ -x "$hlem" ] || { echo "allocator-eval.sh: $hlem missing: build first" >&2; exit 2; }
+[ -f "$weights" ] || { echo "allocator-eval.sh: --weights $weights missing" >&2; exit 2; }
+out=out/alloc
+mkdir -p "$out"
+printf '%-7s %-22s %8s %8s %8s %6s  %s\n' regime controller p99_ms slo_% reward gap decisions
+for regime in steady trend burst; do
+  trace="$out/$regime-$seed.trace"
+  [ -f "$trace" ] || "$hlem" workload generate --config deploy/local/workload.yaml \
+    --regime "$regime" --duration "${duration}s" --seed "$seed" --out "$trace" >/dev/null
+  star="$out/$regime-$seed.oracle.csv"
+  if [ "$oracle" = 1 ] && [ ! -f "$star" ]; then
+    "$hlem" sim oracle --trace "$trace" --csv "$star" >"$out/$regime-$seed.oracle.txt"
+  fi
+  for c in "static --alpha 0.5" "static --alpha 0.9" "kv_only" "pid" "recovery" "ppo"; do
+    set -- $c
+    name=$1
+    flags=(--controller "$name" --alpha "$alpha")
+    case "$name" in
+      static) flags=(--controller static --alpha "$3"); name="static $3" ;;
+      kv_only) flags=(--controller static --alpha 0) ;;
+      ppo) flags+=(--weights "$weights") ;;
+    esac
+    run="$out/$regime-${name// /-}"
+    "$hlem" sim run --trace "$trace" --warmup-s "$warmup" "${flags[@]}" \
+      --decisions-csv "$run.decisions.csv" >"$run.txt"
+    gap=-
+    if [ -f "$star" ]; then
+      start=$(awk '/^sim: / { for (i = 1; i < NF; i++) if ($i == "alpha") print $(i + 1) + 0 }' "$run.txt")
+      gap=$(awk -F, -v start="$start" -v warm="$warmup" -v nodes=4 '
+        FNR == 1 { file++; next }
+        file == 1 { star[$1] = $3; next }
+        { at[$2, $1 + 1] = $3 }  # in force from the next window
+        END {
+          for (w in star) {
+            if (w * 5 < warm) continue
+            for (n = 0; n < nodes; n++) {
+              a = start
+              for (k = w; k >= 0; k--) if ((n, k) in at) { a = at[n, k]; break }
+              d = a - star[w]; sum += d < 0 ? -d : d; count++
+            }
+          }
+          printf "%.3f", count ? sum / count : 0
+        }' "$star" "$run.decisions.csv")
+    fi
+    awk -v regime="$regime" -v name="$name" -v gap="$gap" '
+      /^latency of OK answers/ { p99 = $12 + 0 }
+      /^SLO [0-9.]+ ms satisfied/ { slo = $5 + 0; target = $2 + 0 }
+      /^allocator:/ { sub(/^allocator: /, ""); sub(/; first.*/, ""); decisions = $0 }
+      END {
+        over = p99 > target ? (p99 - target) / target : 0
+        printf "%-7s %-22s %8.2f %8.2f %8.4f %6s  %s\n", regime, name, p99, slo, slo / 100 - over,
+               gap, decisions == "" ? "-" : decisions
+      }' "$run.txt"
+  done
+done
