@@ -97,14 +97,10 @@ int main(int argc, char** argv) {
       return Fail(absl::InvalidArgumentError(
           absl::StrCat("--weights: the ", controller, " controller needs the PPO actor")));
     }
-    absl::StatusOr<alloc::Mlp> loaded = alloc::Mlp::Load(weights);
+    absl::StatusOr<alloc::Mlp> loaded = alloc::LoadActor(weights);
     if (!loaded.ok()) {
       return Fail(absl::Status(loaded.status().code(),
                                absl::StrCat("--weights: ", loaded.status().message())));
-    }
-    if (auto check = alloc::MakePolicy(*loaded, bounds); !check.ok()) {
-      return Fail(
-          absl::InvalidArgumentError(absl::StrCat("--weights: ", check.status().message())));
     }
     actor = std::make_shared<alloc::Mlp>(std::move(*loaded));
   }

@@ -85,15 +85,10 @@ absl::StatusOr<Setup> Prepare(const SimFlags& f) {
     if (f.weights.empty()) {
       return absl::InvalidArgumentError("--weights: the ppo controller needs a weights file");
     }
-    absl::StatusOr<allocator::Mlp> actor = allocator::Mlp::Load(f.weights);
+    absl::StatusOr<allocator::Mlp> actor = allocator::LoadActor(f.weights);
     if (!actor.ok()) {
       return absl::Status(actor.status().code(),
                           absl::StrCat("--weights: ", actor.status().message()));
-    }
-    // The shape is checked once here, not per node.
-    absl::StatusOr<std::unique_ptr<allocator::Controller>> check = allocator::MakePolicy(*actor);
-    if (!check.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("--weights: ", check.status().message()));
     }
     s.actor = std::make_shared<allocator::Mlp>(std::move(*actor));
   }

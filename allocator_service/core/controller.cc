@@ -233,6 +233,15 @@ absl::StatusOr<std::unique_ptr<Controller>> MakePolicy(Mlp actor, const Bounds& 
   return std::unique_ptr<Controller>(std::make_unique<PolicyController>(std::move(actor), bounds));
 }
 
+absl::StatusOr<Mlp> LoadActor(const std::string& path) {
+  absl::StatusOr<Mlp> actor = Mlp::Load(path);
+  if (!actor.ok()) return actor.status();
+  if (absl::StatusOr<std::unique_ptr<Controller>> check = MakePolicy(*actor); !check.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", check.status().message()));
+  }
+  return actor;
+}
+
 absl::StatusOr<std::unique_ptr<Controller>> MakePid(const PidOptions& o) {
   for (double v : {o.kp, o.ki, o.kd, o.max_step, o.integral_limit, o.min_move, o.min_change}) {
     if (!(v >= 0) || !std::isfinite(v)) {

@@ -87,6 +87,9 @@ std::unique_ptr<Controller> MakeStatic(double alpha);
 // (deterministic at serving time), α clipped to the bounds. INVALID_ARGUMENT unless the actor has
 // kNumFeatures inputs and kActions.size() outputs.
 absl::StatusOr<std::unique_ptr<Controller>> MakePolicy(Mlp actor, const Bounds& bounds = {});
+// A policy's actor from its weights file (hlem train-ppo --out), checked to fit MakePolicy:
+// NOT_FOUND for a missing file, INVALID_ARGUMENT for a bad file or another shape.
+absl::StatusOr<Mlp> LoadActor(const std::string& path);
 
 // PID on the P99 error (a baseline): e = (P99 − target) ÷ SLO with target = target_fraction ·
 // SLO; u = Kp·e + Ki·Σe + Kd·(e − e_prev); Δα = −direction · u, limited to ±max_step (the

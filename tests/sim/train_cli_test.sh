@@ -61,5 +61,5 @@ expect_usage "--weights" sim
 # An actor of the wrong shape (2 outputs, not the 7 actions).
 printf 'hlem-mlp 1\nactivation tanh\nnormaliser 7\n0 0 0 0 0 0 0\n1 1 1 1 1 1 1\nclip 5\nlayers 1\nlayer 7 2\n%s\n%s\n0 0\n' \
   "1 0 0 0 0 0 0" "0 1 0 0 0 0 0" >"$dir/shape.mlp"
-expect_usage "--weights: policy: the actor maps 7 inputs to 2 outputs" sim --weights "$dir/shape.mlp"
+expect_usage "--weights: .*the actor maps 7 inputs to 2 outputs" sim --weights "$dir/shape.mlp"
 echo "train CLI: weights $a twice (seed 3), $c with seed 4; $(grep '^allocator' "$dir/run.txt")"
