@@ -112,6 +112,12 @@ RoundStats Allocator::RunRound() {
       n.history.clear();
       n.pending = false;
       n.next_window = windows.empty() ? 0 : windows.back().index;
+      for (const WindowState& w : windows) {
+        if (w.index < n.next_window) n.history.push_back(w);
+      }
+      while (n.history.size() + 1 > options_.max_history && !n.history.empty()) {
+        n.history.pop_front();
+      }
       n.pushed = false;
       ++counters_.incarnations;
     }

@@ -19,13 +19,15 @@ using allocator::testing::IndexController;
 struct Harness {
   SimClock clock{absl::UnixEpoch()};
   FakeNodes nodes{clock, absl::Seconds(5)};
-  std::deque<std::vector<uint64_t>> made;  // per controller made: the windows it saw
+  std::deque<std::vector<uint64_t>> made;   // per controller made: the windows it saw
+  std::deque<std::vector<size_t>> lengths;  // and the history lengths it was given
   std::unique_ptr<Allocator> allocator;
 
   explicit Harness(int n, AllocatorOptions options = {.epoch = 7, .allocator_id = "alloc-a"}) {
     allocator = *Allocator::Create(options, nodes, clock, [this] {
       made.emplace_back();
-      return std::make_unique<IndexController>(&made.back());
+      lengths.emplace_back();
+      return std::make_unique<IndexController>(&made.back(), &lengths.back());
     });
     for (int i = 0; i < n; ++i) Add(absl::StrCat("10.0.0.", i, ":7001"));
   }
@@ -148,6 +150,9 @@ TEST(AllocatorTest, ARestartedNodeGetsAFreshControllerThatDecidesOnlyTheNewestWi
   h.Round();
   ASSERT_EQ(h.made.size(), 3u);
   EXPECT_EQ(h.made[2], (std::vector<uint64_t>{h.nodes.Closed(0) - 1}));
+  // Its older windows (the fakes return 8) are the controller's history.
+  EXPECT_EQ(h.lengths[2], (std::vector<size_t>{8}));
+  EXPECT_EQ(h.lengths[0], (std::vector<size_t>{1, 2, 3}));
 }
 
 TEST(AllocatorTest, RemovedNodesAreNotPolledAndDecisionsCanBeFollowed) {

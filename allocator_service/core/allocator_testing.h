@@ -99,10 +99,13 @@ class FakeNodes final : public NodeApi {
 // after the allocator dropped it.
 class IndexController final : public Controller {
  public:
-  explicit IndexController(std::vector<uint64_t>* seen) : seen_(*seen) {}
+  // `history` (may be null) gets the length of the history of each call.
+  explicit IndexController(std::vector<uint64_t>* seen, std::vector<size_t>* history = nullptr)
+      : seen_(*seen), history_(history) {}
   std::string name() const override { return "index"; }
   Decision Decide(std::span<const WindowState> h) override {
     seen_.push_back(h.back().index);
+    if (history_ != nullptr) history_->push_back(h.size());
     return {.alpha = 0.1 + 0.01 * static_cast<double>(h.back().index),
             .reason = Reason::kPolicy,
             .detail = "index"};
@@ -110,6 +113,7 @@ class IndexController final : public Controller {
 
  private:
   std::vector<uint64_t>& seen_;
+  std::vector<size_t>* history_;
 };
 
 }  // namespace hlem::allocator::testing
