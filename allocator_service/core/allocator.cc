@@ -1,7 +1,6 @@
 #include "allocator_service/core/allocator.h"
 
 #include <algorithm>
-#include <chrono>
 #include <optional>
 #include <span>
 #include <utility>
@@ -129,24 +128,22 @@ RoundStats Allocator::RunRound() {
       n.history.push_back(w);
       while (n.history.size() > options_.max_history) n.history.pop_front();
       const std::vector<WindowState> h(n.history.begin(), n.history.end());
-      const auto c0 = std::chrono::steady_clock::now();
+      const absl::Time c0 = clock_.Now();  // the service's clock is the wall clock
       Decision d = n.controller->Decide(std::span<const WindowState>(h));
-      const auto latency = std::chrono::steady_clock::now() - c0;
+      const absl::Duration latency = clock_.Now() - c0;
       const uint64_t id = next_decision_id_++;
-      records[i].push_back(
-          {.decision_id = id,
-           .node_id = n.node_id,
-           .address = n.ref.address,
-           .decided_at = clock_.Now(),
-           .window_index = w.index,
-           .alpha_before = n.pending ? n.pending_alpha : n.alpha,
-           .alpha_after = d.alpha,
-           .reason = d.reason,
-           .detail = std::move(d.detail),
-           .latency_ns = static_cast<uint64_t>(
-               std::chrono::duration_cast<std::chrono::nanoseconds>(latency).count()),
-           .reward = Reward(w),
-           .observed = w});
+      records[i].push_back({.decision_id = id,
+                            .node_id = n.node_id,
+                            .address = n.ref.address,
+                            .decided_at = clock_.Now(),
+                            .window_index = w.index,
+                            .alpha_before = n.pending ? n.pending_alpha : n.alpha,
+                            .alpha_after = d.alpha,
+                            .reason = d.reason,
+                            .detail = std::move(d.detail),
+                            .latency_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(latency)),
+                            .reward = Reward(w),
+                            .observed = w});
       n.pending_alpha = d.alpha;
       n.pending_id = id;
       n.pending = true;

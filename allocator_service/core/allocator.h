@@ -85,7 +85,7 @@ struct DecisionRecord {
   Reason reason = Reason::kHold;
   bool no_state = false;  // GetState failed: α held
   std::string detail;
-  uint64_t latency_ns = 0;  // the controller's Decide, measured on a steady clock
+  uint64_t latency_ns = 0;  // the controller's Decide on the loop's clock (0 on a SimClock)
   double reward = 0;        // of the observed window
   WindowState observed;
   bool applied = false;

@@ -2,7 +2,6 @@
 // Tests only: fake serving nodes for the allocator's loop (NodeApi on a simulated clock) and a
 // controller whose α is a function of the window index.
 
-#include <chrono>
 #include <map>
 #include <string>
 #include <thread>
@@ -16,7 +15,7 @@ namespace hlem::allocator::testing {
 
 // Fake serving nodes on a simulated clock: each closes a window every `window`; GetState returns
 // the last 8; SetAlpha keeps the last accepted (epoch, decision id) as a node does. Answers
-// inline, or from a thread after `delay` of wall time (threaded = true).
+// inline, or from a thread of its own (threaded = true).
 class FakeNodes final : public NodeApi {
  public:
   struct Node {
@@ -84,10 +83,8 @@ class FakeNodes final : public NodeApi {
   template <typename T>
   void Answer(std::function<void(T)> done, T value) {
     if (!threaded) return done(std::move(value));
-    threads_.emplace_back([done = std::move(done), value = std::move(value)]() mutable {
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-      done(std::move(value));
-    });
+    threads_.emplace_back(
+        [done = std::move(done), value = std::move(value)]() mutable { done(std::move(value)); });
   }
   SimClock& clock_;
   const absl::Duration window_;
