@@ -6,9 +6,32 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/blocking_counter.h"
+#include "absl/synchronization/mutex.h"
 
 namespace hlem::allocator {
+namespace {
+
+// Waits until `n` calls have answered. (Not absl::BlockingCounter: the sanitizer builds swap
+// absl::Mutex for an instrumented stand-in that the compiled abseil library does not share.)
+class Answers {
+ public:
+  explicit Answers(size_t n) : left_(n) {}
+  void One() {
+    absl::MutexLock lock(&mu_);
+    --left_;
+  }
+  void Wait() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](size_t* left) { return *left == 0; }, &left_));
+  }
+
+ private:
+  absl::Mutex mu_;
+  size_t left_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Allocator>> Allocator::Create(const AllocatorOptions& options,
                                                              NodeApi& nodes, Clock& clock,
@@ -64,12 +87,12 @@ RoundStats Allocator::RunRound() {
   // 1. Poll every node at once.
   std::vector<std::optional<absl::StatusOr<NodeApi::State>>> states(nodes.size());
   {
-    absl::BlockingCounter answered(static_cast<int>(nodes.size()));
+    Answers answered(nodes.size());
     for (size_t i = 0; i < nodes.size(); ++i) {
       api_.GetState(nodes[i]->ref.address, options_.rpc_timeout,
                     [&states, &answered, i](absl::StatusOr<NodeApi::State> s) {
                       states[i] = std::move(s);
-                      answered.DecrementCount();
+                      answered.One();
                     });
     }
     answered.Wait();
@@ -171,13 +194,13 @@ RoundStats Allocator::RunRound() {
     }
   }
   {
-    absl::BlockingCounter answered(static_cast<int>(pushing.size()));
+    Answers answered(pushing.size());
     for (size_t k = 0; k < pushing.size(); ++k) {
       const size_t i = pushing[k];
       api_.SetAlpha(nodes[i]->ref.admin_address, pushes[k], options_.rpc_timeout,
                     [&applied, &answered, i](absl::StatusOr<NodeApi::Applied> a) {
                       applied[i] = std::move(a);
-                      answered.DecrementCount();
+                      answered.One();
                     });
     }
     answered.Wait();

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <vector>
 
@@ -183,8 +184,9 @@ TEST(ExplorerTest, RewardsThePreviousDecisionWithTheNextWindow) {
     EXPECT_DOUBLE_EQ(episode.steps.back().reward, Reward(h.back()));
     EXPECT_EQ(episode.steps.back().raw.size(), static_cast<size_t>(kNumFeatures));
   }
-  EXPECT_EQ(episode.bootstrap, agent->Value(agent->Normalise(std::vector<double>(
-                                   Features(h.back()).begin(), Features(h.back()).end()))));
+  const std::array<double, kNumFeatures> last = Features(h.back());
+  EXPECT_EQ(episode.bootstrap,
+            agent->Value(agent->Normalise(std::vector<double>(last.begin(), last.end()))));
 }
 
 }  // namespace
