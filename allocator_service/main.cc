@@ -11,12 +11,13 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "allocator_service/core/allocator.h"
 #include "allocator_service/core/controller.h"
-#include "allocator_service/core/mlp.h"
+#include "allocator_service/core/registry.h"
 #include "allocator_service/service/allocator_service.h"
 #include "allocator_service/service/grpc_nodes.h"
 #include "common/clock.h"
@@ -56,11 +57,13 @@ int main(int argc, char** argv) {
                  "the nodes' serving addresses: host:port,host:port,... or dns:///name:port")
       ->required();
   app.add_option("--controller", controller,
-                 "hlem (PPO base policy + recovery), ppo (PPO-only), static, kv_only (α = 0), "
-                 "recovery (recovery around the static α), pid")
-      ->check(CLI::IsMember({"hlem", "ppo", "static", "kv_only", "recovery", "pid"}));
+                 "hlem (SmartAllocator: PPO base policy + online adapter + recovery), ppo "
+                 "(PPO-only), ppo+adapter, ppo+recovery, static, kv_only (α = 0), recovery "
+                 "(recovery around the static α), pid")
+      ->check(CLI::IsMember(std::vector<std::string>(alloc::kControllerNames.begin(),
+                                                     alloc::kControllerNames.end())));
   app.add_option("--weights", weights,
-                 "the PPO actor (hlem-mlp; hlem train-ppo --out), for hlem and ppo");
+                 "the PPO actor (hlem-mlp; hlem train-ppo --out), for hlem and ppo*");
   app.add_option("--alpha", alpha, "the static α (static, recovery)")->check(CLI::Range(0.0, 1.0));
   app.add_option("--alpha-min", alpha_min, "lower bound of α for the learned controllers and PID")
       ->check(CLI::Range(0.0, 1.0));
@@ -86,34 +89,11 @@ int main(int argc, char** argv) {
   hlem::InstallShutdownSignals();
   if (auto s = hlem::InitLogging({.level = log_level}); !s.ok()) return Fail(s);
   auto log = hlem::GetLogger("allocator");
-  if (alpha_min > alpha_max) {
-    return Fail(absl::InvalidArgumentError("--alpha-min must not exceed --alpha-max"));
-  }
-  const alloc::Bounds bounds{.alpha_min = alpha_min, .alpha_max = alpha_max};
   // The controller, checked once here: a bad config is a start-up error.
-  std::shared_ptr<alloc::Mlp> actor;
-  if (controller == "hlem" || controller == "ppo") {
-    if (weights.empty()) {
-      return Fail(absl::InvalidArgumentError(
-          absl::StrCat("--weights: the ", controller, " controller needs the PPO actor")));
-    }
-    absl::StatusOr<alloc::Mlp> loaded = alloc::LoadActor(weights);
-    if (!loaded.ok()) {
-      return Fail(absl::Status(loaded.status().code(),
-                               absl::StrCat("--weights: ", loaded.status().message())));
-    }
-    actor = std::make_shared<alloc::Mlp>(std::move(*loaded));
-  }
-  const alloc::RecoveryOptions recovery{.bounds = bounds};
-  alloc::ControllerFactory make = [&]() -> std::unique_ptr<alloc::Controller> {
-    if (controller == "hlem")
-      return *alloc::MakeRecovery(*alloc::MakePolicy(*actor, bounds), recovery);
-    if (controller == "ppo") return *alloc::MakePolicy(*actor, bounds);
-    if (controller == "kv_only") return alloc::MakeStatic(0);
-    if (controller == "recovery") return *alloc::MakeRecovery(alloc::MakeStatic(alpha), recovery);
-    if (controller == "pid") return *alloc::MakePid({.bounds = bounds});
-    return alloc::MakeStatic(alpha);
-  };
+  const alloc::Bounds bounds{.alpha_min = alpha_min, .alpha_max = alpha_max};
+  absl::StatusOr<alloc::ControllerFactory> make = alloc::MakeControllerFactory(
+      {.name = controller, .weights = weights, .alpha = alpha, .bounds = bounds});
+  if (!make.ok()) return Fail(make.status());
   auto resolver = hlem::MakeResolver(nodes_flag);
   if (!resolver.ok()) {
     return Fail(absl::InvalidArgumentError(absl::StrCat("--nodes: ", resolver.status().message())));
@@ -132,7 +112,7 @@ int main(int argc, char** argv) {
                                              .epoch = epoch,
                                              .allocator_id = allocator_id,
                                              .controller = controller},
-                                            api, clock, make);
+                                            api, clock, *make);
   if (!allocator.ok()) return Fail(allocator.status());
 
   hlem::MetricsRegistry registry;

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "allocator_service/core/adapter.h"
 #include "allocator_service/core/controller.h"
 #include "allocator_service/core/mlp_testing.h"
 
@@ -70,14 +71,41 @@ std::unique_ptr<Controller> Actor() {
   return *MakePolicy(*Mlp::Create(n, std::move(layers), Activation::kTanh));
 }
 
+// The SmartAllocator: the actor + the online adapter + recovery. Decide only: the adapter's
+// training (Learn) runs after the push, off the decision path; BM_AdapterLearn times it.
+std::unique_ptr<Controller> Smart() { return *MakeRecovery(*MakeAdapter(Actor())); }
+
+// One adapter Learn (label by the local fit, 128 Adam steps of 32 samples) after a Decide, on a
+// history whose P99 moves (so that the learning rate is not 0 and the steps run).
+void BM_AdapterLearn(benchmark::State& state) {
+  std::unique_ptr<Controller> c = *MakeAdapter(Actor());
+  std::vector<WindowState> h = History();
+  uint64_t i = 64;
+  for (auto _ : state) {
+    state.PauseTiming();
+    WindowState& w = h[i % h.size()];
+    w.index = i;
+    w.p99_seconds = 0.020 + 0.004 * static_cast<double>(i % 5);
+    w.alpha = 0.4 + 0.03 * static_cast<double>(i % 4);
+    std::rotate(h.begin(), h.begin() + 1, h.end());
+    benchmark::DoNotOptimize(c->Decide(h));
+    state.ResumeTiming();
+    c->Learn();
+    ++i;
+  }
+}
+
 void BM_Static(benchmark::State& state) { Run(state, MakeStatic(0.5)); }
 void BM_Policy(benchmark::State& state) { Run(state, Actor()); }
 void BM_Recovery(benchmark::State& state) { Run(state, *MakeRecovery(MakeStatic(0.5))); }
 void BM_Pid(benchmark::State& state) { Run(state, *MakePid()); }
+void BM_Smart(benchmark::State& state) { Run(state, Smart()); }
 BENCHMARK(BM_Static);
 BENCHMARK(BM_Recovery);
 BENCHMARK(BM_Pid);
 BENCHMARK(BM_Policy);
+BENCHMARK(BM_Smart);
+BENCHMARK(BM_AdapterLearn)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace hlem::allocator

@@ -28,6 +28,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "allocator_service/core/registry.h"
 #include "common/grpc_health_probe.h"
 #include "common/process.h"
 #include "embedding_shard/core/shard_config.h"
@@ -288,9 +289,15 @@ void RegisterClusterCommands(CLI::App& app, Run* run) {
   up->add_option("--router-arg", f->router_args, "extra router flag (repeatable)")
       ->allow_extra_args(false);
   up->add_option("--allocator", f->allocator,
-                 "start the allocator with this controller (none, hlem, ppo, static, kv_only, "
-                 "recovery, pid); hlem and ppo need --allocator-arg=--weights=<file>")
-      ->check(CLI::IsMember({"none", "hlem", "ppo", "static", "kv_only", "recovery", "pid"}));
+                 "start the allocator with this controller (none, or one of the allocator's "
+                 "--controller: hlem, ppo, ppo+adapter, ppo+recovery, static, kv_only, recovery, "
+                 "pid); hlem and ppo* need --allocator-arg=--weights=<file>")
+      ->check(CLI::IsMember([] {
+        std::vector<std::string> names = {"none"};
+        names.insert(names.end(), hlem::allocator::kControllerNames.begin(),
+                     hlem::allocator::kControllerNames.end());
+        return names;
+      }()));
   up->add_option("--allocator-arg", f->allocator_args, "extra allocator flag (repeatable)")
       ->allow_extra_args(false);
   for (CLI::App* sub : {up, cluster->add_subcommand("status", "is every process serving?"),

@@ -24,6 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "allocator_service/core/controller.h"
 #include "allocator_service/core/mlp.h"
+#include "allocator_service/core/registry.h"
 #include "common/status_macros.h"
 #include "sim/twin/control.h"
 #include "sim/twin/cost_model.h"
@@ -70,8 +71,7 @@ struct Setup {
   std::string trace;
   double slo_ms = 0;
   uint64_t window_ns = 0, warmup_ns = 0;
-  std::string controller = "static";      // static | recovery | pid | ppo
-  std::shared_ptr<allocator::Mlp> actor;  // ppo: the frozen actor (copied per node)
+  allocator::ControllerSpec controller;  // allocator/core/registry.h; its α is the run's
 };
 
 absl::StatusOr<Setup> Prepare(const SimFlags& f) {
@@ -81,16 +81,11 @@ absl::StatusOr<Setup> Prepare(const SimFlags& f) {
                                                    .router = f.router,
                                                    .nodes = f.nodes,
                                                    .emb_sample = f.emb_sample}));
-  if (f.controller == "ppo") {
-    if (f.weights.empty()) {
-      return absl::InvalidArgumentError("--weights: the ppo controller needs a weights file");
-    }
-    absl::StatusOr<allocator::Mlp> actor = allocator::LoadActor(f.weights);
-    if (!actor.ok()) {
-      return absl::Status(actor.status().code(),
-                          absl::StrCat("--weights: ", actor.status().message()));
-    }
-    s.actor = std::make_shared<allocator::Mlp>(std::move(*actor));
+  s.controller = {.name = f.controller, .weights = f.weights, .alpha = f.alpha};
+  if (absl::StatusOr<allocator::ControllerFactory> check =
+          allocator::MakeControllerFactory(s.controller);
+      !check.ok()) {
+    return check.status();
   }
   auto reader = sim::TraceReader::Open(f.trace);
   if (!reader.ok()) {
@@ -107,7 +102,6 @@ absl::StatusOr<Setup> Prepare(const SimFlags& f) {
   s.twin = setup.twin;
   s.twin.alpha = f.alpha;
   s.slo_ms = f.slo_ms > 0 ? f.slo_ms : absl::ToDoubleMilliseconds(setup.slo);
-  s.controller = f.controller;
   s.window_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(workload->window));
   s.warmup_ns = static_cast<uint64_t>(f.warmup_s * 1e9);
   return s;
@@ -185,19 +179,15 @@ absl::StatusOr<std::unique_ptr<sim::Twin>> RunTwin(
   if (!reader.ok()) return reader.status();
   TraceSource source{.reader = std::move(*reader)};
   absl::Status st;
-  if (s.controller == "static") {
+  if (s.controller.name == "static") {
     st = (*twin)->Run(source.Next());
   } else {
-    // "recovery": the recovery controller around the static α; "pid": PID on the P99 error,
-    // starting at α; "ppo": the frozen PPO actor (PPO-only), starting at α.
+    allocator::ControllerSpec spec = s.controller;
+    spec.alpha = alpha;  // the static α of "recovery"; where the others start
+    absl::StatusOr<allocator::ControllerFactory> make = allocator::MakeControllerFactory(spec);
+    if (!make.ok()) return make.status();
     absl::StatusOr<std::vector<sim::ControlRecord>> records =
-        sim::RunControlled(**twin, source.Next(),
-                           [&]() -> std::unique_ptr<allocator::Controller> {
-                             if (s.controller == "pid") return *allocator::MakePid();
-                             if (s.controller == "ppo") return *allocator::MakePolicy(*s.actor);
-                             return *allocator::MakeRecovery(allocator::MakeStatic(alpha));
-                           },
-                           {.window = s.twin.node.local.node.window});
+        sim::RunControlled(**twin, source.Next(), *make, {.window = s.twin.node.local.node.window});
     st = records.status();
     if (records.ok() && decisions != nullptr) *decisions = std::move(*records);
   }
@@ -229,7 +219,7 @@ absl::StatusOr<RunResult> RunOnce(const Setup& s, double alpha) {
   absl::StatusOr<std::unique_ptr<sim::Twin>> twin = RunTwin(s, alpha, &decisions);
   if (!twin.ok()) return twin.status();
   RunResult result;
-  if (s.controller != "static") result.nodes = DecisionsLine(decisions);
+  if (s.controller.name != "static") result.nodes = DecisionsLine(decisions);
   result.decisions = std::move(decisions);
   result.stats = (*twin)->stats();
   result.nodes += NodeLines(**twin);
@@ -682,12 +672,13 @@ void RegisterSimCommands(CLI::App& app, Run* run) {
   run_cmd->add_option("--csv", r->csv, "write one row per request here");
   run_cmd
       ->add_option("--controller", r->controller,
-                   "static (α fixed), recovery (the recovery controller around the static α), "
-                   "pid (PID on the P99 error from --alpha) or ppo (the frozen PPO policy of "
-                   "--weights from --alpha); all but static decide every window per node")
-      ->check(CLI::IsMember({"static", "recovery", "pid", "ppo"}));
+                   "static (α fixed) or a controller deciding every window per node from "
+                   "--alpha: hlem (SmartAllocator: PPO + online adapter + recovery), ppo, "
+                   "ppo+adapter, ppo+recovery, kv_only, recovery (around the static α), pid")
+      ->check(CLI::IsMember(std::vector<std::string>(allocator::kControllerNames.begin(),
+                                                     allocator::kControllerNames.end())));
   run_cmd->add_option("--weights", r->weights,
-                      "the ppo controller's actor (hlem train-ppo --out; "
+                      "the PPO actor of hlem and ppo* (hlem train-ppo --out; "
                       "allocator_service/policies/)");
   run_cmd->add_option("--windows-csv", r->windows_csv, "write one row per window here");
   run_cmd->add_option("--decisions-csv", r->decisions_csv,

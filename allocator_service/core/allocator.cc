@@ -131,6 +131,7 @@ RoundStats Allocator::RunRound() {
       n.node_id = s->node_id;
       n.incarnation = s->incarnation;
       n.controller = make_();
+      n.learn_pending = false;
       n.history.clear();
       n.pending = false;
       n.next_window = windows.empty() ? 0 : windows.back().index;
@@ -151,8 +152,10 @@ RoundStats Allocator::RunRound() {
       n.history.push_back(w);
       while (n.history.size() > options_.max_history) n.history.pop_front();
       const std::vector<WindowState> h(n.history.begin(), n.history.end());
-      const absl::Time c0 = clock_.Now();  // the service's clock is the wall clock
+      if (n.learn_pending) n.controller->Learn();  // an earlier window of this round
+      const absl::Time c0 = clock_.Now();          // the service's clock is the wall clock
       Decision d = n.controller->Decide(std::span<const WindowState>(h));
+      n.learn_pending = true;
       const absl::Duration latency = clock_.Now() - c0;
       const uint64_t id = next_decision_id_++;
       records[i].push_back({.decision_id = id,
@@ -207,7 +210,7 @@ RoundStats Allocator::RunRound() {
   }
   stats.pushes = pushing.size();
 
-  absl::MutexLock lock(&mu_);
+  absl::ReleasableMutexLock lock(&mu_);
   counters_.pushes += pushing.size();
   for (size_t i = 0; i < nodes.size(); ++i) {
     Node& n = *nodes[i];
@@ -241,6 +244,15 @@ RoundStats Allocator::RunRound() {
     }
   }
   stats.wall = clock_.Now() - t0;
+  lock.Release();
+  // 4. The controllers' slow work (the online adapter's training), after the pushes: off the
+  // decision path. Only this round thread touches a node's controller, so no lock is held.
+  for (const std::shared_ptr<Node>& n : nodes) {
+    if (!n->learn_pending) continue;
+    n->learn_pending = false;
+    n->controller->Learn();
+  }
+  stats.learn = clock_.Now() - t0 - stats.wall;
   return stats;
 }
 

@@ -108,7 +108,8 @@ struct RoundStats {
   uint64_t round = 0;
   size_t nodes = 0, polled_ok = 0, poll_failed = 0, decisions = 0, pushes = 0, push_failed = 0;
   size_t no_new_window = 0;
-  absl::Duration wall;  // the round's duration on the loop's clock
+  absl::Duration wall;   // poll, decide and push, on the loop's clock
+  absl::Duration learn;  // the controllers' Learn after the pushes (the online adapter's training)
 };
 
 struct AllocatorCounters {
@@ -147,6 +148,7 @@ class Allocator {
     uint64_t incarnation = 0;
     bool known = false;  // a state was read for this incarnation
     std::unique_ptr<Controller> controller;
+    bool learn_pending = false;  // Decide ran, Learn not yet (the round thread's only)
     std::deque<WindowState> history;
     uint64_t next_window = 0;  // first window index not decided on
     double alpha = 0;          // α the node is known to have

@@ -196,5 +196,47 @@ TEST(AllocatorTest, BadOptionsAreRefused) {
   EXPECT_FALSE(Allocator::Create({}, nodes, clock, nullptr).ok());
 }
 
+// Learn (the adapter's training) runs once per Decide, after the α it decided was pushed.
+class LearnLog final : public Controller {
+ public:
+  LearnLog(FakeNodes& nodes, std::string address, std::vector<std::string>& log)
+      : nodes_(nodes), address_(std::move(address)), log_(log) {}
+  std::string name() const override { return "learn-log"; }
+  Decision Decide(std::span<const WindowState> h) override {
+    decided_ = 0.2 + 0.01 * static_cast<double>(h.back().index);
+    log_.push_back(absl::StrCat("decide ", h.back().index));
+    return {.alpha = decided_, .reason = Reason::kPolicy};
+  }
+  void Learn() override {
+    log_.push_back(absl::StrCat("learn applied=", nodes_.at(address_).alpha == decided_));
+  }
+
+ private:
+  FakeNodes& nodes_;
+  const std::string address_;
+  std::vector<std::string>& log_;
+  double decided_ = 0;
+};
+
+TEST(AllocatorTest, LearnRunsOncePerDecisionAfterItsPush) {
+  SimClock clock{absl::UnixEpoch()};
+  FakeNodes nodes{clock, absl::Seconds(5)};
+  std::vector<std::string> log;
+  const std::string address = "10.0.0.1:7001";
+  auto allocator = *Allocator::Create(
+      {.epoch = 7}, nodes, clock, [&] { return std::make_unique<LearnLog>(nodes, address, log); });
+  nodes.Add(address);
+  allocator->AddNode({.address = address, .admin_address = address + "-admin"});
+  clock.AdvanceTo(absl::UnixEpoch() + absl::Seconds(5) + absl::Milliseconds(1));
+  allocator->RunRound();
+  // Three windows close before the next round: the first two are decided (and learnt from)
+  // without a push, the last is pushed and then learnt from.
+  clock.AdvanceTo(absl::UnixEpoch() + absl::Seconds(20) + absl::Milliseconds(1));
+  allocator->RunRound();
+  EXPECT_EQ(log, (std::vector<std::string>{"decide 0", "learn applied=1", "decide 1",
+                                           "learn applied=0", "decide 2", "learn applied=0",
+                                           "decide 3", "learn applied=1"}));
+}
+
 }  // namespace
 }  // namespace hlem::allocator

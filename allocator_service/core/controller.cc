@@ -52,6 +52,7 @@ class RecoveryController final : public Controller {
   RecoveryController(std::unique_ptr<Controller> inner, const RecoveryOptions& options)
       : inner_(std::move(inner)), o_(options) {}
   std::string name() const override { return absl::StrCat(inner_->name(), "+recovery"); }
+  void Learn() override { inner_->Learn(); }
 
   Decision Decide(std::span<const WindowState> history) override {
     const WindowState& now = history.back();

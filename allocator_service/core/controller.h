@@ -76,6 +76,9 @@ class Controller {
   // empty. Returns α for the next window. Called once per closed window, in order (controllers
   // may keep state between calls).
   virtual Decision Decide(std::span<const WindowState> history) = 0;
+  // Slow work that must stay off the decision path (the online adapter's training): called once
+  // after each Decide, once its α has been applied. Most controllers have none.
+  virtual void Learn() {}
 };
 
 // A fixed α (static baselines: the oracle and the deployable static α; KV-only is α = 0). Not

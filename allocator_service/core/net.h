@@ -3,7 +3,8 @@
 // with its gradient, and Adam. Parameters and gradients are one flat vector each (Adam and the
 // gradient-norm clip work on them whole). Single-threaded and deterministic: the same seed and the
 // same data give the same weights bit for bit on one machine. The allocator runs the result
-// frozen as an Mlp (mlp.h); nothing here is on the decision path.
+// frozen as an Mlp (mlp.h); the online adapter (adapter.h) trains one of these in the allocator,
+// after its decisions: nothing here is on the decision path.
 
 #include <cstdint>
 #include <span>
@@ -54,6 +55,7 @@ class Adam {
  public:
   explicit Adam(size_t n, double lr, double beta1 = 0.9, double beta2 = 0.999, double eps = 1e-8);
   void Step(std::span<double> params, std::span<const double> grad);
+  void set_lr(double lr) { lr_ = lr; }
 
  private:
   double lr_, beta1_, beta2_, eps_;

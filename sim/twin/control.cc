@@ -51,6 +51,7 @@ absl::StatusOr<std::vector<ControlRecord>> RunControlled(
         if (h.size() > options.max_history) h.erase(h.begin());
         const allocator::Decision d = controllers[i]->Decide(h);
         RETURN_IF_ERROR(twin.SetAlpha(i, d.alpha));
+        controllers[i]->Learn();  // off the decision path: after the α is applied
         records.push_back({.window = w.index,
                            .node = static_cast<uint32_t>(i),
                            .alpha = d.alpha,

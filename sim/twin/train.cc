@@ -35,6 +35,7 @@ class ClusterRewardLog final : public allocator::Controller {
     cluster_[w.index].second += requests;
     return inner_->Decide(history);
   }
+  void Learn() override { inner_->Learn(); }
 
  private:
   std::unique_ptr<allocator::Controller> inner_;

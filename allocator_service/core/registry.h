@@ -1,0 +1,46 @@
+#pragma once
+// The controllers by name, one place for every front end (the allocator binary, `hlem sim run`,
+// the evaluation): what each name is made of, what it needs, and a factory of per-node instances.
+//
+//   hlem          the SmartAllocator: PPO base policy + online adapter + recovery controller
+//   ppo           PPO-only: the frozen base policy alone
+//   ppo+adapter   PPO + online adapter (the ablation without recovery)
+//   ppo+recovery  PPO + recovery (the ablation without the adapter)
+//   static        a fixed α (oracle or deployable static α: the α is the experiment's choice)
+//   kv_only       α = 0
+//   recovery      the recovery controller around the static α
+//   pid           PID on the P99 error, from the node's α
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "allocator_service/core/adapter.h"
+#include "allocator_service/core/allocator.h"
+#include "allocator_service/core/controller.h"
+
+namespace hlem::allocator {
+
+inline constexpr std::array<std::string_view, 8> kControllerNames = {
+    "hlem", "ppo", "ppo+adapter", "ppo+recovery", "static", "kv_only", "recovery", "pid"};
+
+struct ControllerSpec {
+  std::string name = "hlem";
+  std::string weights;  // the PPO actor (hlem train-ppo --out) for the ppo* and hlem controllers
+  double alpha = 0.5;   // static, recovery
+  Bounds bounds;        // the learned controllers', the recovery controller's and PID's
+  uint64_t seed = 1;    // the adapter's
+};
+
+// Whether `name` runs the PPO base policy (and so needs weights).
+bool UsesPolicy(std::string_view name);
+
+// Checks the spec once (errors name the flag: --controller for an unknown name, --weights for a
+// missing, unreadable or wrongly shaped actor, --alpha-min/--alpha-max for crossed bounds) and
+// returns a factory of fresh instances, one per node (incarnation).
+absl::StatusOr<ControllerFactory> MakeControllerFactory(const ControllerSpec& spec);
+
+}  // namespace hlem::allocator
