@@ -10,9 +10,12 @@
 # the one in force during window t (decided after window t − 1, or the static/starting α).
 # Usage: scripts/allocator-eval.sh [--weights allocator_service/policies/ppo-local.mlp]
 #        [--seed 103] [--duration-s 180] [--alpha 0.5] [--warmup-s 30] [--oracle]
+#        [--regimes "steady trend burst"] [--controllers "ppo ppo+adapter hlem ..."]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 weights=allocator_service/policies/ppo-local.mlp seed=103 duration=180 alpha=0.5 warmup=30 oracle=0
+regimes="steady trend burst"
+controllers="static-0.5 static-0.9 kv_only pid bo milp xgboost recovery ppo ppo+recovery ppo+adapter hlem"
 while [ $# -gt 0 ]; do
   case "$1" in
     --weights) weights=$2; shift 2 ;;
@@ -21,6 +24,8 @@ while [ $# -gt 0 ]; do
     --alpha) alpha=$2; shift 2 ;;
     --warmup-s) warmup=$2; shift 2 ;;
     --oracle) oracle=1; shift ;;
+    --regimes) regimes=$2; shift 2 ;;
+    --controllers) controllers=$2; shift 2 ;;
     *) echo "allocator-eval.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -30,7 +35,7 @@ hlem=${HLEM_BUILD_DIR:-build-release}/tools/hlem
 out=out/alloc
 mkdir -p "$out"
 printf '%-7s %-22s %8s %8s %8s %6s  %s\n' regime controller p99_ms slo_% reward gap decisions
-for regime in steady trend burst; do
+for regime in $regimes; do
   trace="$out/$regime-$seed.trace"
   [ -f "$trace" ] || "$hlem" workload generate --config deploy/local/workload.yaml \
     --regime "$regime" --duration "${duration}s" --seed "$seed" --out "$trace" >/dev/null
@@ -38,14 +43,12 @@ for regime in steady trend burst; do
   if [ "$oracle" = 1 ] && [ ! -f "$star" ]; then
     "$hlem" sim oracle --trace "$trace" --csv "$star" >"$out/$regime-$seed.oracle.txt"
   fi
-  for c in "static --alpha 0.5" "static --alpha 0.9" "kv_only" "pid" "recovery" "ppo"; do
-    set -- $c
-    name=$1
+  for name in $controllers; do
     flags=(--controller "$name" --alpha "$alpha")
     case "$name" in
-      static) flags=(--controller static --alpha "$3"); name="static $3" ;;
+      static-*) flags=(--controller static --alpha "${name#static-}"); name="static ${name#static-}" ;;
       kv_only) flags=(--controller static --alpha 0) ;;
-      ppo) flags+=(--weights "$weights") ;;
+      hlem|ppo*) flags+=(--weights "$weights") ;;
     esac
     run="$out/$regime-${name// /-}"
     "$hlem" sim run --trace "$trace" --warmup-s "$warmup" "${flags[@]}" \

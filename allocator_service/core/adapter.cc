@@ -337,8 +337,7 @@ absl::StatusOr<std::unique_ptr<Controller>> MakeAdapter(std::unique_ptr<Controll
     }
   }
   if (o.max_offset > 1 || o.latency_ema > 1 || o.fit_decay > 1 || o.fit_decay <= 0 ||
-      !(o.bounds.alpha_min >= 0 && o.bounds.alpha_min <= o.bounds.alpha_max &&
-        o.bounds.alpha_max <= 1)) {
+      !o.bounds.Valid()) {
     return absl::InvalidArgumentError(
         "adapter: max_offset and latency_ema in [0, 1], fit_decay in (0, 1], 0 <= alpha_min <= "
         "alpha_max <= 1");

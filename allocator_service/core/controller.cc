@@ -218,6 +218,8 @@ const char* ReasonName(Reason reason) {
 
 double Bounds::Clip(double alpha) const { return std::clamp(alpha, alpha_min, alpha_max); }
 
+bool Bounds::Valid() const { return alpha_min >= 0 && alpha_min <= alpha_max && alpha_max <= 1; }
+
 std::unique_ptr<Controller> MakeStatic(double alpha) {
   return std::make_unique<StaticController>(alpha);
 }
@@ -228,7 +230,7 @@ absl::StatusOr<std::unique_ptr<Controller>> MakePolicy(Mlp actor, const Bounds& 
         "policy: the actor maps ", actor.inputs(), " inputs to ", actor.outputs(),
         " outputs; it must map ", kNumFeatures, " features to ", kActions.size(), " actions"));
   }
-  if (!(bounds.alpha_min >= 0 && bounds.alpha_min <= bounds.alpha_max && bounds.alpha_max <= 1)) {
+  if (!bounds.Valid()) {
     return absl::InvalidArgumentError("policy: 0 <= alpha_min <= alpha_max <= 1");
   }
   return std::unique_ptr<Controller>(std::make_unique<PolicyController>(std::move(actor), bounds));
@@ -249,9 +251,7 @@ absl::StatusOr<std::unique_ptr<Controller>> MakePid(const PidOptions& o) {
       return absl::InvalidArgumentError("pid: gains, max_step and limits must be finite and >= 0");
     }
   }
-  if (!(o.target_fraction > 0 && o.target_fraction <= 4) ||
-      !(o.bounds.alpha_min >= 0 && o.bounds.alpha_min <= o.bounds.alpha_max &&
-        o.bounds.alpha_max <= 1)) {
+  if (!(o.target_fraction > 0 && o.target_fraction <= 4) || !o.bounds.Valid()) {
     return absl::InvalidArgumentError(
         "pid: target_fraction in (0, 4], 0 <= alpha_min <= alpha_max <= 1");
   }
@@ -266,9 +266,7 @@ absl::StatusOr<std::unique_ptr<Controller>> MakeRecovery(std::unique_ptr<Control
         "recovery: history must be >= 2 and fire_windows, exit_windows >= 1");
   }
   if (!(o.max_step >= 0 && o.max_step <= 1) || !(o.sigmas >= 0) ||
-      !(o.slo_fraction >= 0 && o.slo_fraction <= 10) ||
-      !(o.bounds.alpha_min >= 0 && o.bounds.alpha_min <= o.bounds.alpha_max &&
-        o.bounds.alpha_max <= 1)) {
+      !(o.slo_fraction >= 0 && o.slo_fraction <= 10) || !o.bounds.Valid()) {
     return absl::InvalidArgumentError(
         "recovery: max_step in [0, 1], sigmas >= 0, slo_fraction in [0, 10], 0 <= alpha_min <= "
         "alpha_max <= 1");

@@ -66,6 +66,7 @@ struct Bounds {
   double alpha_min = 0.1;  // the learned controllers' clip range (configurable)
   double alpha_max = 0.9;
   double Clip(double alpha) const;
+  bool Valid() const;  // 0 <= alpha_min <= alpha_max <= 1
 };
 
 class Controller {

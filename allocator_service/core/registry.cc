@@ -20,8 +20,7 @@ absl::StatusOr<ControllerFactory> MakeControllerFactory(const ControllerSpec& sp
     return absl::InvalidArgumentError(
         absl::StrCat("--controller: unknown controller '", spec.name, "' (one of ", names, ")"));
   }
-  if (!(spec.bounds.alpha_min >= 0 && spec.bounds.alpha_min <= spec.bounds.alpha_max &&
-        spec.bounds.alpha_max <= 1)) {
+  if (!spec.bounds.Valid()) {
     return absl::InvalidArgumentError("--alpha-min/--alpha-max: 0 <= alpha_min <= alpha_max <= 1");
   }
   if (!(spec.alpha >= 0 && spec.alpha <= 1)) {
@@ -43,7 +42,8 @@ absl::StatusOr<ControllerFactory> MakeControllerFactory(const ControllerSpec& sp
   const std::string name = spec.name;
   const Bounds bounds = spec.bounds;
   const double alpha = spec.alpha;
-  const AdapterOptions adapter{.seed = spec.seed, .bounds = bounds};
+  const uint64_t seed = spec.seed;
+  const AdapterOptions adapter{.seed = seed, .bounds = bounds};
   const RecoveryOptions recovery{.bounds = bounds};
   // Every part was checked above: the makers below cannot fail.
   return ControllerFactory([=]() -> std::unique_ptr<Controller> {
@@ -55,6 +55,9 @@ absl::StatusOr<ControllerFactory> MakeControllerFactory(const ControllerSpec& sp
     if (name == "kv_only") return MakeStatic(0);
     if (name == "recovery") return *MakeRecovery(MakeStatic(alpha), recovery);
     if (name == "pid") return *MakePid({.bounds = bounds});
+    if (name == "bo") return *MakeBayesOpt({.bounds = bounds});
+    if (name == "milp") return *MakeMilp({.bounds = bounds});
+    if (name == "xgboost") return *MakeXgbLatency({.seed = seed, .bounds = bounds});
     return MakeStatic(alpha);
   });
 }

@@ -10,6 +10,9 @@
 //   kv_only       α = 0
 //   recovery      the recovery controller around the static α
 //   pid           PID on the P99 error, from the node's α
+//   bo            Bayesian optimisation (GP + expected improvement), from the node's α
+//   milp          a piecewise-linear latency model fitted online + a MILP (GLPK)
+//   xgboost       an XGBoost model of the next window's P99 per candidate α
 
 #include <array>
 #include <cstdint>
@@ -20,19 +23,23 @@
 #include "absl/status/statusor.h"
 #include "allocator_service/core/adapter.h"
 #include "allocator_service/core/allocator.h"
+#include "allocator_service/core/bayes_opt.h"
 #include "allocator_service/core/controller.h"
+#include "allocator_service/core/milp.h"
+#include "allocator_service/core/xgb_latency.h"
 
 namespace hlem::allocator {
 
-inline constexpr std::array<std::string_view, 8> kControllerNames = {
-    "hlem", "ppo", "ppo+adapter", "ppo+recovery", "static", "kv_only", "recovery", "pid"};
+inline constexpr std::array<std::string_view, 11> kControllerNames = {
+    "hlem",     "ppo", "ppo+adapter", "ppo+recovery", "static", "kv_only",
+    "recovery", "pid", "bo",          "milp",         "xgboost"};
 
 struct ControllerSpec {
   std::string name = "hlem";
   std::string weights;  // the PPO actor (hlem train-ppo --out) for the ppo* and hlem controllers
   double alpha = 0.5;   // static, recovery
   Bounds bounds;        // the learned controllers', the recovery controller's and PID's
-  uint64_t seed = 1;    // the adapter's
+  uint64_t seed = 1;    // the adapter's and XGBoost's
 };
 
 // Whether `name` runs the PPO base policy (and so needs weights).

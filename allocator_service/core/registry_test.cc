@@ -22,7 +22,10 @@ TEST(RegistryTest, EveryNameMakesItsController) {
       {"static", "static(0.40)"},
       {"kv_only", "static(0.00)"},
       {"recovery", "static(0.40)+recovery"},
-      {"pid", "pid"}};
+      {"pid", "pid"},
+      {"bo", "bo"},
+      {"milp", "milp"},
+      {"xgboost", "xgboost"}};
   ASSERT_EQ(expected.size(), kControllerNames.size());
   const WindowState w{.index = 0,
                       .requests = 100,
