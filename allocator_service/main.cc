@@ -59,7 +59,8 @@ int main(int argc, char** argv) {
   app.add_option("--controller", controller,
                  "hlem (SmartAllocator: PPO base policy + online adapter + recovery), ppo "
                  "(PPO-only), ppo+adapter, ppo+recovery, static, kv_only (α = 0), recovery "
-                 "(recovery around the static α), pid")
+                 "(recovery around the static α), and the baselines pid, bo, milp, xgboost, lstm "
+                 "(the LSTM inside recovery)")
       ->check(CLI::IsMember(std::vector<std::string>(alloc::kControllerNames.begin(),
                                                      alloc::kControllerNames.end())));
   app.add_option("--weights", weights,

@@ -18,6 +18,7 @@
 #include "allocator_service/core/milp.h"
 #include "allocator_service/core/mlp_testing.h"
 #include "allocator_service/core/xgb_latency.h"
+#include "allocator_service/lstm/lstm_controller.h"
 
 namespace hlem::allocator {
 namespace {
@@ -113,6 +114,7 @@ void BM_Smart(benchmark::State& state) { Run(state, Smart()); }
 void BM_BayesOpt(benchmark::State& state) { Run(state, *MakeBayesOpt()); }
 void BM_Milp(benchmark::State& state) { Run(state, *MakeMilp()); }
 void BM_Xgboost(benchmark::State& state) { Run(state, *MakeXgbLatency(), /*learn=*/true); }
+void BM_Lstm(benchmark::State& state) { Run(state, *MakeLstm(), /*learn=*/true); }
 BENCHMARK(BM_Static);
 BENCHMARK(BM_Recovery);
 BENCHMARK(BM_Pid);
@@ -121,6 +123,7 @@ BENCHMARK(BM_Smart);
 BENCHMARK(BM_BayesOpt);
 BENCHMARK(BM_Milp);
 BENCHMARK(BM_Xgboost);
+BENCHMARK(BM_Lstm);
 BENCHMARK(BM_AdapterLearn)->Unit(benchmark::kMicrosecond);
 
 }  // namespace

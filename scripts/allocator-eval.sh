@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 weights=allocator_service/policies/ppo-local.mlp seed=103 duration=180 alpha=0.5 warmup=30 oracle=0
 regimes="steady trend burst"
-controllers="static-0.5 static-0.9 kv_only pid bo milp xgboost recovery ppo ppo+recovery ppo+adapter hlem"
+controllers="static-0.5 static-0.9 kv_only pid bo milp xgboost lstm recovery ppo ppo+recovery ppo+adapter hlem"
 while [ $# -gt 0 ]; do
   case "$1" in
     --weights) weights=$2; shift 2 ;;

@@ -291,7 +291,8 @@ void RegisterClusterCommands(CLI::App& app, Run* run) {
   up->add_option("--allocator", f->allocator,
                  "start the allocator with this controller (none, or one of the allocator's "
                  "--controller: hlem, ppo, ppo+adapter, ppo+recovery, static, kv_only, recovery, "
-                 "pid); hlem and ppo* need --allocator-arg=--weights=<file>")
+                 "pid, bo, milp, xgboost, lstm); hlem and ppo* need "
+                 "--allocator-arg=--weights=<file>")
       ->check(CLI::IsMember([] {
         std::vector<std::string> names = {"none"};
         names.insert(names.end(), hlem::allocator::kControllerNames.begin(),

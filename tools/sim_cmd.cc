@@ -674,7 +674,8 @@ void RegisterSimCommands(CLI::App& app, Run* run) {
       ->add_option("--controller", r->controller,
                    "static (α fixed) or a controller deciding every window per node from "
                    "--alpha: hlem (SmartAllocator: PPO + online adapter + recovery), ppo, "
-                   "ppo+adapter, ppo+recovery, kv_only, recovery (around the static α), pid")
+                   "ppo+adapter, ppo+recovery, kv_only, recovery (around the static α), and the "
+                   "baselines pid, bo, milp, xgboost, lstm")
       ->check(CLI::IsMember(std::vector<std::string>(allocator::kControllerNames.begin(),
                                                      allocator::kControllerNames.end())));
   run_cmd->add_option("--weights", r->weights,

@@ -18,6 +18,11 @@ using testing::Regime;
 using testing::RunPlant;
 
 constexpr double kSlo = testing::kPlantSlo;
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;  // 10-50× slower: the seed sweep is left to release builds
+#else
+constexpr bool kSanitized = false;
+#endif
 
 // A base policy that moves α toward a fixed point by at most 0.06 a window (a PPO policy that
 // learned one workload's α and not the shift).
@@ -169,6 +174,8 @@ double GapCut(const std::function<std::unique_ptr<Controller>()>& base, uint64_t
 void ExpectAdapterCutsTheGap(const std::function<std::unique_ptr<Controller>()>& base,
                              const char* what) {
   const double cut = GapCut(base, 11, /*print=*/true);
+  EXPECT_GE(cut, 0.25) << what;
+  if (kSanitized) return;  // the seed sweep checks a statistic, not memory: release builds run it
   std::vector<double> cuts;
   for (uint64_t seed = 1; seed <= 10; ++seed) cuts.push_back(GapCut(base, seed, false));
   std::sort(cuts.begin(), cuts.end());
@@ -176,7 +183,6 @@ void ExpectAdapterCutsTheGap(const std::function<std::unique_ptr<Controller>()>&
   std::printf(
       "%s: gap cut %.1f %% on seed 11; seeds 1-10: min %.1f %%, median %.1f %%, max %.1f %%\n",
       what, 100 * cut, 100 * cuts.front(), 100 * median, 100 * cuts.back());
-  EXPECT_GE(cut, 0.25) << what;
   EXPECT_GE(median, 0.25) << what;
 }
 

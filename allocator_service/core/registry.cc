@@ -1,14 +1,69 @@
 #include "allocator_service/core/registry.h"
 
+#include <dlfcn.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "allocator_service/lstm/lstm_controller.h"
+#include "common/status_macros.h"
 
 namespace hlem::allocator {
 
 bool UsesPolicy(std::string_view name) { return name == "hlem" || name.starts_with("ppo"); }
+
+namespace {
+
+using MakeLstmFn = Controller* (*)(const LstmOptions*, std::string*);
+
+// The lstm plugin's factory, loaded once (never unloaded: its controllers live on).
+absl::StatusOr<MakeLstmFn> LoadLstmPlugin() {
+  static const absl::StatusOr<MakeLstmFn> loaded = []() -> absl::StatusOr<MakeLstmFn> {
+    std::vector<std::string> dirs;
+    if (const char* env = std::getenv("HLEM_PLUGIN_DIR"); env != nullptr && *env != 0) {
+      dirs.push_back(env);
+    }
+    dirs.push_back(HLEM_PLUGIN_DIR);
+    std::error_code ec;
+    const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+    if (!ec) dirs.push_back((exe.parent_path().parent_path() / "lib" / "hlem").string());
+    std::string tried;
+    for (const std::string& dir : dirs) {
+      const std::string path = dir + "/libhlem_lstm.so";
+      if (!std::filesystem::exists(path, ec)) {
+        absl::StrAppend(&tried, tried.empty() ? "" : ", ", path);
+        continue;
+      }
+      void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (h == nullptr) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("--controller lstm: cannot load ", path, ": ", dlerror()));
+      }
+      const auto version =
+          reinterpret_cast<const char* (*)()>(dlsym(h, "hlem_lstm_plugin_version"));
+      const auto make = reinterpret_cast<MakeLstmFn>(dlsym(h, "hlem_make_lstm_controller"));
+      if (version == nullptr || make == nullptr ||
+          std::string(version()) != HLEM_LSTM_PLUGIN_VERSION) {
+        return absl::FailedPreconditionError(absl::StrCat("--controller lstm: ", path, " is not a ",
+                                                          HLEM_LSTM_PLUGIN_VERSION, " plugin"));
+      }
+      return make;
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--controller lstm: the plugin libhlem_lstm.so was not found (tried ", tried,
+        "; it is built with the full build, not the core-only one; HLEM_PLUGIN_DIR names its "
+        "directory)"));
+  }();
+  return loaded;
+}
+
+}  // namespace
 
 absl::StatusOr<ControllerFactory> MakeControllerFactory(const ControllerSpec& spec) {
   if (std::find(kControllerNames.begin(), kControllerNames.end(), spec.name) ==
@@ -42,6 +97,15 @@ absl::StatusOr<ControllerFactory> MakeControllerFactory(const ControllerSpec& sp
   const std::string name = spec.name;
   const Bounds bounds = spec.bounds;
   const double alpha = spec.alpha;
+  MakeLstmFn make_lstm = nullptr;
+  const LstmOptions lstm{.seed = spec.seed, .bounds = spec.bounds};
+  if (spec.name == "lstm") {
+    ASSIGN_OR_RETURN(make_lstm, LoadLstmPlugin());
+    std::string error;
+    if (std::unique_ptr<Controller> probe(make_lstm(&lstm, &error)); probe == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("--controller lstm: ", error));
+    }
+  }
   const uint64_t seed = spec.seed;
   const AdapterOptions adapter{.seed = seed, .bounds = bounds};
   const RecoveryOptions recovery{.bounds = bounds};
@@ -58,6 +122,10 @@ absl::StatusOr<ControllerFactory> MakeControllerFactory(const ControllerSpec& sp
     if (name == "bo") return *MakeBayesOpt({.bounds = bounds});
     if (name == "milp") return *MakeMilp({.bounds = bounds});
     if (name == "xgboost") return *MakeXgbLatency({.seed = seed, .bounds = bounds});
+    if (name == "lstm") {
+      std::string error;
+      return *MakeRecovery(std::unique_ptr<Controller>(make_lstm(&lstm, &error)), recovery);
+    }
     return MakeStatic(alpha);
   });
 }

@@ -13,6 +13,10 @@
 //   bo            Bayesian optimisation (GP + expected improvement), from the node's α
 //   milp          a piecewise-linear latency model fitted online + a MILP (GLPK)
 //   xgboost       an XGBoost model of the next window's P99 per candidate α
+//   lstm          an LSTM (libtorch) predicting the next α, fine-tuned online, inside recovery;
+//                 loaded from the plugin libhlem_lstm.so (allocator_service/lstm/plugin.cc) so
+//                 that the binaries do not link libtorch: it is looked for in $HLEM_PLUGIN_DIR,
+//                 the build tree's lib/, and <binary>/../lib/hlem
 
 #include <array>
 #include <cstdint>
@@ -30,9 +34,9 @@
 
 namespace hlem::allocator {
 
-inline constexpr std::array<std::string_view, 11> kControllerNames = {
-    "hlem",     "ppo", "ppo+adapter", "ppo+recovery", "static", "kv_only",
-    "recovery", "pid", "bo",          "milp",         "xgboost"};
+inline constexpr std::array<std::string_view, 12> kControllerNames = {
+    "hlem",     "ppo", "ppo+adapter", "ppo+recovery", "static",  "kv_only",
+    "recovery", "pid", "bo",          "milp",         "xgboost", "lstm"};
 
 struct ControllerSpec {
   std::string name = "hlem";
