@@ -7,13 +7,16 @@
 # With --oracle, also α*_t of every window of each trace (`hlem sim oracle`, the parent following
 # α*; minutes per trace, kept in out/alloc/<regime>-<seed>.oracle.csv and reused) and each
 # controller's gap: the mean over windows after the warm-up and over nodes of |α − α*_t|, α being
-# the one in force during window t (decided after window t − 1, or the static/starting α).
+# the one in force during window t (decided after window t − 1, or the static/starting α); and
+# gap_eps, the mean distance from α to the nearest grid α whose reward is within 0.01 of α*'s
+# (where the reward curve is flat, α* is one of many equally good αs).
 # Usage: scripts/allocator-eval.sh [--weights allocator_service/policies/ppo-local.mlp]
 #        [--seed 103] [--duration-s 180] [--alpha 0.5] [--warmup-s 30] [--oracle]
 #        [--regimes "steady trend burst"] [--controllers "ppo ppo+adapter hlem ..."]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 weights=allocator_service/policies/ppo-local.mlp seed=103 duration=180 alpha=0.5 warmup=30 oracle=0
+eps=0.01  # gap_eps: the distance to the nearest α whose reward is within eps of α*'s
 regimes="steady trend burst"
 controllers="static-0.5 static-0.9 kv_only pid bo milp xgboost lstm recovery ppo ppo+recovery ppo+adapter hlem"
 while [ $# -gt 0 ]; do
@@ -34,7 +37,7 @@ hlem=${HLEM_BUILD_DIR:-build-release}/tools/hlem
 [ -f "$weights" ] || { echo "allocator-eval.sh: --weights $weights missing" >&2; exit 2; }
 out=out/alloc
 mkdir -p "$out"
-printf '%-7s %-22s %8s %8s %8s %6s  %s\n' regime controller p99_ms slo_% reward gap decisions
+printf '%-7s %-14s %8s %8s %8s %13s  %s\n' regime controller p99_ms slo_% reward gap/gap_eps decisions
 for regime in $regimes; do
   trace="$out/$regime-$seed.trace"
   [ -f "$trace" ] || "$hlem" workload generate --config deploy/local/workload.yaml \
@@ -58,19 +61,29 @@ for regime in $regimes; do
       start=$(awk '/^sim: / { for (i = 1; i < NF; i++) if ($i == "alpha") print $(i + 1) + 0 }' "$run.txt")
       gap=$(awk -F, -v start="$start" -v warm="$warmup" -v nodes=4 '
         FNR == 1 { file++; next }
-        file == 1 { star[$1] = $3; next }
+        file == 1 { star[$1] = $3; best[$1] = $4; curve[$1] = $8; next }
         { at[$2, $1 + 1] = $3 }  # in force from the next window
         END {
           for (w in star) {
             if (w * 5 < warm) continue
+            # the α grid points whose reward is within eps of the best (the near-optimal set)
+            m = split(curve[w], pts, " ")
             for (n = 0; n < nodes; n++) {
               a = start
               for (k = w; k >= 0; k--) if ((n, k) in at) { a = at[n, k]; break }
               d = a - star[w]; sum += d < 0 ? -d : d; count++
+              near = 1
+              for (i = 1; i <= m; i++) {
+                split(pts[i], ar, ":")
+                if (ar[2] + 0 < best[w] - eps) continue
+                e = a - ar[1]; e = e < 0 ? -e : e
+                if (e < near) near = e
+              }
+              sum_eps += near
             }
           }
-          printf "%.3f", count ? sum / count : 0
-        }' "$star" "$run.decisions.csv")
+          printf "%.3f/%.3f", count ? sum / count : 0, count ? sum_eps / count : 0
+        }' eps="$eps" "$star" "$run.decisions.csv")
     fi
     awk -v regime="$regime" -v name="$name" -v gap="$gap" '
       /^latency of OK answers/ { p99 = $12 + 0 }
@@ -78,7 +91,7 @@ for regime in $regimes; do
       /^allocator:/ { sub(/^allocator: /, ""); sub(/; first.*/, ""); decisions = $0 }
       END {
         over = p99 > target ? (p99 - target) / target : 0
-        printf "%-7s %-22s %8.2f %8.2f %8.4f %6s  %s\n", regime, name, p99, slo, slo / 100 - over,
+        printf "%-7s %-14s %8.2f %8.2f %8.4f %13s  %s\n", regime, name, p99, slo, slo / 100 - over,
                gap, decisions == "" ? "-" : decisions
       }' "$run.txt"
   done

@@ -210,41 +210,42 @@ RoundStats Allocator::RunRound() {
   }
   stats.pushes = pushing.size();
 
-  absl::ReleasableMutexLock lock(&mu_);
-  counters_.pushes += pushing.size();
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    Node& n = *nodes[i];
-    if (applied[i].has_value()) {
-      const absl::StatusOr<NodeApi::Applied>& a = *applied[i];
-      if (a.ok()) {
-        n.alpha = n.pending_alpha;
-        n.pending = false;
-        n.pushed = true;
-      } else {
-        n.reachable = false;
-        ++stats.push_failed;
-        ++counters_.push_failures;
-      }
-      if (!records[i].empty()) {
-        DecisionRecord& r = records[i].back();
-        r.applied = a.ok();
-        if (!a.ok()) {
-          r.apply_error =
-              absl::StrCat(absl::StatusCodeToString(a.status().code()), ": ", a.status().message());
+  {
+    absl::MutexLock lock(&mu_);
+    counters_.pushes += pushing.size();
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      Node& n = *nodes[i];
+      if (applied[i].has_value()) {
+        const absl::StatusOr<NodeApi::Applied>& a = *applied[i];
+        if (a.ok()) {
+          n.alpha = n.pending_alpha;
+          n.pending = false;
+          n.pushed = true;
+        } else {
+          n.reachable = false;
+          ++stats.push_failed;
+          ++counters_.push_failures;
+        }
+        if (!records[i].empty()) {
+          DecisionRecord& r = records[i].back();
+          r.applied = a.ok();
+          if (!a.ok()) {
+            r.apply_error = absl::StrCat(absl::StatusCodeToString(a.status().code()), ": ",
+                                         a.status().message());
+          }
         }
       }
-    }
-    if (n.removed) continue;
-    for (DecisionRecord& r : records[i]) {
-      if (r.decision_id != 0) {
-        n.has_decision = true;
-        n.last = r;
+      if (n.removed) continue;
+      for (DecisionRecord& r : records[i]) {
+        if (r.decision_id != 0) {
+          n.has_decision = true;
+          n.last = r;
+        }
+        Record(std::move(r));
       }
-      Record(std::move(r));
     }
+    stats.wall = clock_.Now() - t0;
   }
-  stats.wall = clock_.Now() - t0;
-  lock.Release();
   // 4. The controllers' slow work (the online adapter's training), after the pushes: off the
   // decision path. Only this round thread touches a node's controller, so no lock is held.
   for (const std::shared_ptr<Node>& n : nodes) {
