@@ -76,10 +76,11 @@ class AdapterController final : public Controller {
     }
     // The base policy steers its own α (what PPO-only would have set), seeing the window as it
     // was with that α; the offset is added on top.
-    if (!have_base_) {
-      base_alpha_ = now.alpha;
-      have_base_ = true;
-    }
+    // It re-anchors on the node's α when it did not decide the window before (the first window,
+    // or after the recovery controller held the node: PPO resumes from the α recovery left).
+    if (!have_base_ || now.index != last_index_ + 1) base_alpha_ = now.alpha;
+    have_base_ = true;
+    last_index_ = now.index;
     scratch_.assign(history.begin(), history.end());
     scratch_.back().alpha = base_alpha_;
     Decision d = base_->Decide(scratch_);
@@ -193,7 +194,8 @@ class AdapterController final : public Controller {
   std::vector<WindowState> recent_;   // the windows the pending sample's label is fitted on
   std::vector<WindowState> scratch_;  // the history as the base policy sees it
   bool have_base_ = false;
-  double base_alpha_ = 0;  // the base policy's own α
+  double base_alpha_ = 0;    // the base policy's own α
+  uint64_t last_index_ = 0;  // the window of the last decision
   bool have_ema_ = false;
   double latency_ema_ = 0;
   double dither_sign_ = 1;

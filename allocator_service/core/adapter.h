@@ -15,7 +15,9 @@
 // pulls back toward its own fixed point every window, so a step residual bounded like its actions
 // can hold α at most one action away from where PPO wants it. The offset's bound is a trust
 // region: the adapter never sets a node more than max_offset from the frozen policy. The output
-// layer starts at zero, so a fresh adapter is the base policy exactly.
+// layer starts at zero, so a fresh adapter is the base policy exactly. The base's α is re-anchored
+// on the node's α whenever the adapter did not decide the window before (after the recovery
+// controller held the node, the base resumes from the α recovery left, as PPO-only would).
 //
 // Target (the loss's label), from hindsight and without α* labels: the node's last fit_windows
 // windows give (α during the window, reward of the window) pairs; a weighted least-squares

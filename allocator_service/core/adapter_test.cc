@@ -121,6 +121,26 @@ TEST(AdapterTest, SteadyLatencyLeavesItUntrained) {
   }
 }
 
+TEST(AdapterTest, ResumesFromTheAlphaSomeoneElseSetAfterAGap) {
+  AdapterOptions o;
+  o.dither = 0;
+  absl::StatusOr<std::unique_ptr<Controller>> c =
+      MakeAdapter(std::make_unique<TowardController>(0.5), o);
+  ASSERT_TRUE(c.ok());
+  const Regime r{.alpha_star = 0.5, .hot_ratio = 0.2, .seq_len_norm = 0.5};
+  std::vector<WindowState> h;
+  double alpha = 0.5;
+  for (uint64_t t = 0; t < 5; ++t) {
+    h.push_back(PlantWindow(t, r, alpha, 0));
+    alpha = (*c)->Decide(h).alpha;
+    (*c)->Learn();
+  }
+  // Windows 5-8 decided by someone else (the recovery controller), which left α at 0.2.
+  for (uint64_t t = 5; t < 9; ++t) h.push_back(PlantWindow(t, r, 0.2, 0));
+  h.push_back(PlantWindow(9, r, 0.2, 0));
+  EXPECT_NEAR((*c)->Decide(h).alpha, 0.26, 1e-9);  // the base steps from 0.2, not from 0.5
+}
+
 TEST(AdapterTest, RejectsBadOptions) {
   EXPECT_FALSE(MakeAdapter(nullptr).ok());
   AdapterOptions o;

@@ -52,7 +52,11 @@ class LstmController final : public Controller {
       dither = dither_sign_ * o_.dither;
     }
     // The model's own α: the dither of the last decision does not carry over (alternating around
-    // held α, it would walk it instead of spreading it).
+    // held α, it would walk it instead of spreading it) — unless someone else set α since (the
+    // recovery controller held the node: a gap in the windows decided).
+    if (have_last_ && now.index != last_index_ + 1) last_dither_ = 0;
+    have_last_ = true;
+    last_index_ = now.index;
     const double base = o_.bounds.Clip(held - last_dither_);
     const double alpha = o_.bounds.Clip(base + step + dither);
     last_dither_ = alpha - o_.bounds.Clip(base + step);
@@ -133,6 +137,8 @@ class LstmController final : public Controller {
   std::vector<WindowState> recent_;
   double dither_sign_ = 1;
   double last_dither_ = 0;
+  bool have_last_ = false;
+  uint64_t last_index_ = 0;  // the window of the last decision
 };
 
 }  // namespace
