@@ -9,7 +9,8 @@
 # controller's gap: the mean over windows after the warm-up and over nodes of |α − α*_t|, α being
 # the one in force during window t (decided after window t − 1, or the static/starting α); and
 # gap_eps, the mean distance from α to the nearest grid α whose reward is within 0.01 of α*'s
-# (where the reward curve is flat, α* is one of many equally good αs).
+# (where the reward curve is flat, α* is one of many equally good αs); and the regret against the
+# oracle trajectory per window.
 # Usage: scripts/allocator-eval.sh [--weights allocator_service/policies/ppo-local.mlp]
 #        [--seed 103] [--duration-s 180] [--alpha 0.5] [--warmup-s 30] [--oracle]
 #        [--regimes "steady trend burst"] [--controllers "ppo ppo+adapter hlem ..."]
@@ -37,7 +38,8 @@ hlem=${HLEM_BUILD_DIR:-build-release}/tools/hlem
 [ -f "$weights" ] || { echo "allocator-eval.sh: --weights $weights missing" >&2; exit 2; }
 out=out/alloc
 mkdir -p "$out"
-printf '%-7s %-14s %8s %8s %8s %13s  %s\n' regime controller p99_ms slo_% reward gap/gap_eps decisions
+printf '%-7s %-14s %8s %8s %8s %13s %7s  %s\n' regime controller p99_ms slo_% reward gap/gap_eps \
+  regret decisions
 for regime in $regimes; do
   trace="$out/$regime-$seed.trace"
   [ -f "$trace" ] || "$hlem" workload generate --config deploy/local/workload.yaml \
@@ -55,8 +57,25 @@ for regime in $regimes; do
     esac
     run="$out/$regime-${name// /-}"
     "$hlem" sim run --trace "$trace" --warmup-s "$warmup" "${flags[@]}" \
-      --decisions-csv "$run.decisions.csv" >"$run.txt"
-    gap=-
+      --decisions-csv "$run.decisions.csv" --windows-csv "$run.windows.csv" >"$run.txt"
+    gap=- regret=-
+    if [ -f "$star" ]; then
+      # regret: the mean over windows after the warm-up of reward*_t − reward_t, reward* the
+      # oracle trajectory's (the parent following α*), reward_t the run's window reward from its
+      # windows CSV (SLO fraction − max(0, min(P99 ÷ SLO, 4) − 1); over 1 % failed: −4 + SLO
+      # fraction, as sim::Reward). Negative: better than the per-window greedy oracle.
+      slo_ms=$(awk '/^SLO [0-9.]+ ms satisfied/ { print $2 + 0 }' "$run.txt")
+      regret=$(awk -F, -v warm="$warmup" -v slo="$slo_ms" '
+        FNR == 1 { file++; next }
+        file == 1 { best[$1] = $4; next }
+        ($1 * 5 >= warm) && ($1 in best) && $2 > 0 {
+          norm = $6 / slo; if (norm > 4) norm = 4
+          if (($2 - $3) > 0.01 * $2) norm = 4
+          r = $7 - (norm > 1 ? norm - 1 : 0)
+          sum += best[$1] - r; count++
+        }
+        END { printf "%.3f", count ? sum / count : 0 }' "$star" "$run.windows.csv")
+    fi
     if [ -f "$star" ]; then
       start=$(awk '/^sim: / { for (i = 1; i < NF; i++) if ($i == "alpha") print $(i + 1) + 0 }' "$run.txt")
       gap=$(awk -F, -v start="$start" -v warm="$warmup" -v nodes=4 '
@@ -85,14 +104,14 @@ for regime in $regimes; do
           printf "%.3f/%.3f", count ? sum / count : 0, count ? sum_eps / count : 0
         }' eps="$eps" "$star" "$run.decisions.csv")
     fi
-    awk -v regime="$regime" -v name="$name" -v gap="$gap" '
+    awk -v regime="$regime" -v name="$name" -v gap="$gap" -v regret="$regret" '
       /^latency of OK answers/ { p99 = $12 + 0 }
       /^SLO [0-9.]+ ms satisfied/ { slo = $5 + 0; target = $2 + 0 }
       /^allocator:/ { sub(/^allocator: /, ""); sub(/; first.*/, ""); decisions = $0 }
       END {
         over = p99 > target ? (p99 - target) / target : 0
-        printf "%-7s %-14s %8.2f %8.2f %8.4f %13s  %s\n", regime, name, p99, slo, slo / 100 - over,
-               gap, decisions == "" ? "-" : decisions
+        printf "%-7s %-14s %8.2f %8.2f %8.4f %13s %7s  %s\n", regime, name, p99, slo,
+               slo / 100 - over, gap, regret, decisions == "" ? "-" : decisions
       }' "$run.txt"
   done
 done
