@@ -39,6 +39,16 @@ class TowardController final : public Controller {
   double target_;
 };
 
+// An adapter without dither around a base steering to `target`: its α is the base's exactly until
+// it has learnt something.
+std::unique_ptr<Controller> UnditheredAdapter(double target) {
+  AdapterOptions o;
+  o.dither = 0;
+  absl::StatusOr<std::unique_ptr<Controller>> c =
+      MakeAdapter(std::make_unique<TowardController>(target), o);
+  return c.ok() ? std::move(*c) : nullptr;
+}
+
 TEST(AdapterTest, LearningRateFollowsTheLatencySurprise) {
   AdapterOptions o;
   EXPECT_DOUBLE_EQ(AdapterLearningRate(o, 0.030, 0.030, kSlo), 0.0);  // steady: no learning
@@ -77,19 +87,16 @@ TEST(AdapterTest, FitFindsTheVertexOfAConcaveReward) {
 }
 
 TEST(AdapterTest, AFreshAdapterIsTheBasePolicyAndStaysInBounds) {
-  AdapterOptions o;
-  o.dither = 0;
-  absl::StatusOr<std::unique_ptr<Controller>> c =
-      MakeAdapter(std::make_unique<TowardController>(0.5), o);
-  ASSERT_TRUE(c.ok()) << c.status();
+  std::unique_ptr<Controller> c = UnditheredAdapter(0.5);
+  ASSERT_NE(c, nullptr);
   std::vector<WindowState> h = {
       PlantWindow(0, {.alpha_star = 0.5, .hot_ratio = 0.2, .seq_len_norm = 0.5}, 0.3, 0)};
-  const Decision d = (*c)->Decide(h);
+  const Decision d = c->Decide(h);
   EXPECT_DOUBLE_EQ(d.alpha, 0.36);  // the base's step, Δα = 0 (zero-initialised output)
   EXPECT_EQ(d.reason, Reason::kPolicy);
   EXPECT_NE(d.detail.find("adapter"), std::string::npos);
   // Whatever it learns, α stays in the bounds and within max_offset (+ dither) of the base.
-  o.dither = 0.02;
+  AdapterOptions o;
   absl::StatusOr<std::unique_ptr<Controller>> learning =
       MakeAdapter(std::make_unique<TowardController>(0.9), o);
   ASSERT_TRUE(learning.ok());
@@ -102,11 +109,8 @@ TEST(AdapterTest, AFreshAdapterIsTheBasePolicyAndStaysInBounds) {
 
 TEST(AdapterTest, SteadyLatencyLeavesItUntrained) {
   // A plant that answers every α with the same latency: η = 0 every window, Δα stays 0.
-  AdapterOptions o;
-  o.dither = 0;
-  absl::StatusOr<std::unique_ptr<Controller>> c =
-      MakeAdapter(std::make_unique<TowardController>(0.5), o);
-  ASSERT_TRUE(c.ok());
+  std::unique_ptr<Controller> c = UnditheredAdapter(0.5);
+  ASSERT_NE(c, nullptr);
   std::vector<WindowState> h;
   double alpha = 0.2;
   for (int t = 0; t < 20; ++t) {
@@ -114,31 +118,28 @@ TEST(AdapterTest, SteadyLatencyLeavesItUntrained) {
         PlantWindow(t, {.alpha_star = 0.5, .hot_ratio = 0.2, .seq_len_norm = 0.5}, alpha, 0);
     w.p99_seconds = 0.040;
     h.push_back(w);
-    const Decision d = (*c)->Decide(h);
-    (*c)->Learn();
+    const Decision d = c->Decide(h);
+    c->Learn();
     EXPECT_DOUBLE_EQ(d.alpha, std::clamp(alpha + std::clamp(0.5 - alpha, -0.06, 0.06), 0.1, 0.9));
     alpha = d.alpha;
   }
 }
 
 TEST(AdapterTest, ResumesFromTheAlphaSomeoneElseSetAfterAGap) {
-  AdapterOptions o;
-  o.dither = 0;
-  absl::StatusOr<std::unique_ptr<Controller>> c =
-      MakeAdapter(std::make_unique<TowardController>(0.5), o);
-  ASSERT_TRUE(c.ok());
+  std::unique_ptr<Controller> c = UnditheredAdapter(0.5);
+  ASSERT_NE(c, nullptr);
   const Regime r{.alpha_star = 0.5, .hot_ratio = 0.2, .seq_len_norm = 0.5};
   std::vector<WindowState> h;
   double alpha = 0.5;
   for (uint64_t t = 0; t < 5; ++t) {
     h.push_back(PlantWindow(t, r, alpha, 0));
-    alpha = (*c)->Decide(h).alpha;
-    (*c)->Learn();
+    alpha = c->Decide(h).alpha;
+    c->Learn();
   }
   // Windows 5-8 decided by someone else (the recovery controller), which left α at 0.2.
   for (uint64_t t = 5; t < 9; ++t) h.push_back(PlantWindow(t, r, 0.2, 0));
   h.push_back(PlantWindow(9, r, 0.2, 0));
-  EXPECT_NEAR((*c)->Decide(h).alpha, 0.26, 1e-9);  // the base steps from 0.2, not from 0.5
+  EXPECT_NEAR(c->Decide(h).alpha, 0.26, 1e-9);  // the base steps from 0.2, not from 0.5
 }
 
 TEST(AdapterTest, RejectsBadOptions) {

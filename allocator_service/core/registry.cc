@@ -16,9 +16,10 @@
 
 namespace hlem::allocator {
 
-bool UsesPolicy(std::string_view name) { return name == "hlem" || name.starts_with("ppo"); }
-
 namespace {
+
+// Whether `name` runs the PPO base policy (and so needs weights).
+bool UsesPolicy(std::string_view name) { return name == "hlem" || name.starts_with("ppo"); }
 
 using MakeLstmFn = Controller* (*)(const LstmOptions*, std::string*);
 

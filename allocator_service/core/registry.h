@@ -46,9 +46,6 @@ struct ControllerSpec {
   uint64_t seed = 1;    // the adapter's and XGBoost's
 };
 
-// Whether `name` runs the PPO base policy (and so needs weights).
-bool UsesPolicy(std::string_view name);
-
 // Checks the spec once (errors name the flag: --controller for an unknown name, --weights for a
 // missing, unreadable or wrongly shaped actor, --alpha-min/--alpha-max for crossed bounds) and
 // returns a factory of fresh instances, one per node (incarnation).
