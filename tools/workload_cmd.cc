@@ -25,6 +25,7 @@ struct GenerateArgs {
   uint64_t seed = 0;
   double rate = 0;
   bool seed_set = false;
+  bool explicit_events = false;
 };
 
 int Fail(absl::string_view what, const absl::Status& st) {
@@ -61,7 +62,7 @@ int Generate(const GenerateArgs& a) {
   auto generator = sim::WorkloadGenerator::Create(*config);
   if (!generator.ok()) return Fail("config", generator.status());
   const absl::Time start = absl::Now();
-  absl::StatusOr<uint64_t> n = sim::WriteTrace(**generator, a.out);
+  absl::StatusOr<uint64_t> n = sim::WriteTrace(**generator, a.out, !a.explicit_events);
   if (!n.ok()) return Fail(a.out, n.status());
   std::printf(
       "wrote %s: %llu requests over %.0f s (seed %llu) in %.1f s\n", a.out.c_str(),
@@ -158,6 +159,9 @@ void RegisterWorkloadCommands(CLI::App& app, Run* run) {
   generate->add_option("--regime", g->regime, "one phase of this regime instead of the config's")
       ->check(CLI::IsMember({"steady", "trend", "burst"}));
   generate->add_option("--duration", g->duration, "with --regime: the phase's length (e.g. 5m)");
+  generate->add_flag("--explicit-events", g->explicit_events,
+                     "write every event's feature ids (default: only their count; readers "
+                     "regenerate them from the header's generator config)");
   generate->callback([=] {
     g->seed_set = generate->count("--seed") > 0;
     *run = [=] { return Generate(*g); };

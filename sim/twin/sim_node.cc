@@ -105,16 +105,6 @@ void SimExecutor::PrepareNext() {
   Prepare(*batch_[next_]);
 }
 
-void SimExecutor::EventIds(const Job& job, uint64_t j, std::vector<uint64_t>* out) const {
-  const size_t F = features();
-  if (j >= job.prior) {
-    const auto at = job.in.history.begin() + static_cast<std::ptrdiff_t>((j - job.prior) * F);
-    out->insert(out->end(), at, at + static_cast<std::ptrdiff_t>(F));
-  } else {
-    generator_.AppendEventOf(job.in.user, j, out);
-  }
-}
-
 void SimExecutor::Prepare(Job& job) {
   const size_t F = features();
   const uint64_t user = job.in.user;
@@ -145,9 +135,17 @@ void SimExecutor::Prepare(Job& job) {
   std::vector<uint64_t> ids, tokens;
   ids.reserve((job.fresh + job.candidates) * F);
   tokens.reserve(job.fresh);
-  for (uint64_t j = job.first + job.cached; j < job.total; ++j) {
-    const size_t at = ids.size();
-    EventIds(job, j, &ids);
+  // The fresh events' ids: those sent before this request regenerated (the twin keeps no
+  // histories), then the request's own.
+  const uint64_t from = job.first + job.cached;
+  if (const uint64_t sent_end = std::min(job.prior, job.total); from < sent_end) {
+    generator_.AppendEventsOf(user, from, sent_end - from, &ids);
+  }
+  ids.insert(ids.end(),
+             job.in.history.begin() +
+                 static_cast<std::ptrdiff_t>((std::max(from, job.prior) - job.prior) * F),
+             job.in.history.end());
+  for (size_t at = 0; at < ids.size(); at += F) {
     tokens.push_back(serving::EventToken(std::span<const uint64_t>(ids).subspan(at, F)));
   }
   if (!tokens.empty()) {
@@ -185,6 +183,10 @@ void SimExecutor::Prepare(Job& job) {
     // The distinct rows; the sampled ones go to the cache (all of them when emb_sample = 1).
     const uint32_t every = options_.emb_sample;
     absl::flat_hash_set<uint64_t> seen;
+    seen.reserve(static_cast<size_t>(
+        std::count_if(features.begin() + static_cast<std::ptrdiff_t>(f), features.end(),
+                      [&](const auto& g) { return g.table_id == table; }) *
+        (ids.size() / F)));
     std::vector<uint64_t> rows;
     uint64_t unsampled = 0;
     Job::Table t{.table_id = table};

@@ -103,8 +103,6 @@ class SimExecutor final : public serving::InferExecutor {
   void Prepared(Job& job);
   void RunModel();
   void FinishBatch();
-  // Appends event j's feature ids of the job's user to *out.
-  void EventIds(const Job& job, uint64_t j, std::vector<uint64_t>* out) const;
 
   const SimNodeOptions options_;
   const CostModel costs_;

@@ -1,5 +1,6 @@
 #include "sim/workload/trace.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 
@@ -11,6 +12,7 @@ namespace {
 
 constexpr char kMagic[8] = {'H', 'L', 'E', 'M', 'T', 'R', 'C', '1'};
 constexpr uint64_t kFnvPrime = 0x100000001b3ULL;
+constexpr uint64_t kFnvBasis = 0xcbf29ce484222325ULL;
 
 template <typename T>
 void PutFixed(std::string* s, T v) {
@@ -51,11 +53,19 @@ absl::StatusOr<std::unique_ptr<TraceWriter>> TraceWriter::Create(const std::stri
     PutFixed<uint32_t>(&h, static_cast<uint32_t>(f.name.size()));
     h += f.name;
   }
+  h.push_back(header.generated_events ? 1 : 0);
   out.write(h.data(), static_cast<std::streamsize>(h.size()));
-  return std::unique_ptr<TraceWriter>(new TraceWriter(std::move(out), header.features.size()));
+  std::unique_ptr<TraceWriter> w(
+      new TraceWriter(std::move(out), header.features.size(), header.generated_events));
+  w->Hash(h);  // version 2: the footer's hash covers the header too
+  return w;
 }
 
 TraceWriter::~TraceWriter() = default;
+
+void TraceWriter::Hash(const std::string& bytes) {
+  for (char c : bytes) hash_ = (hash_ ^ static_cast<uint8_t>(c)) * kFnvPrime;
+}
 
 absl::Status TraceWriter::Append(const TraceRequest& r) {
   if (finished_) return absl::FailedPreconditionError("trace: already finished");
@@ -73,10 +83,12 @@ absl::Status TraceWriter::Append(const TraceRequest& r) {
   PutVarint(&buf_, r.user);
   PutVarint(&buf_, r.prior_events);
   PutVarint(&buf_, r.new_events.size() / F_);
-  for (uint64_t id : r.new_events) PutVarint(&buf_, id);
+  if (!generated_) {
+    for (uint64_t id : r.new_events) PutVarint(&buf_, id);
+  }
   PutVarint(&buf_, r.candidates.size() / F_);
   for (uint64_t id : r.candidates) PutVarint(&buf_, id);
-  for (char c : buf_) hash_ = (hash_ ^ static_cast<uint8_t>(c)) * kFnvPrime;
+  Hash(buf_);
   out_.write(buf_.data(), static_cast<std::streamsize>(buf_.size()));
   last_t_ = r.t_ns;
   ++count_;
@@ -102,13 +114,15 @@ absl::StatusOr<std::unique_ptr<TraceReader>> TraceReader::Open(const std::string
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::UnavailableError(absl::StrCat("trace: cannot open ", path));
   std::unique_ptr<TraceReader> r(new TraceReader(std::move(in)));
+  r->hashing_ = true;  // version 2 hashes the header; version 1 starts over after it
   char magic[8];
   uint32_t version = 0, features = 0, config_len = 0;
   if (!r->Fixed(magic, 8) || std::memcmp(magic, kMagic, 8) != 0) {
     return Corrupt(absl::StrCat(path, " is not an HLEM trace (bad magic)"));
   }
-  if (!r->Fixed(&version, 4) || version != kTraceVersion) {
-    return Corrupt(absl::StrCat("version ", version, " (this build reads ", kTraceVersion, ")"));
+  if (!r->Fixed(&version, 4) || version < 1 || version > kTraceVersion) {
+    return Corrupt(
+        absl::StrCat("version ", version, " (this build reads 1 to ", kTraceVersion, ")"));
   }
   TraceHeader& h = r->header_;
   h.version = version;
@@ -128,6 +142,36 @@ absl::StatusOr<std::unique_ptr<TraceReader>> TraceReader::Open(const std::string
     t.name.resize(name_len);
     if (!r->Fixed(t.name.data(), name_len)) return Corrupt("truncated feature table");
     h.features.push_back(std::move(t));
+  }
+  if (version >= 2) {
+    uint8_t events = 0;
+    if (!r->Fixed(&events, 1) || events > 1) return Corrupt("bad events mode");
+    h.generated_events = events == 1;
+  }
+  r->hashing_ = false;
+  if (version == 1) r->hash_ = kFnvBasis;
+  if (h.generated_events) {
+    absl::StatusOr<WorkloadConfig> config = ParseWorkloadConfig(h.config_yaml);
+    if (!config.ok()) {
+      return Corrupt(
+          absl::StrCat("generated events, but the header's generator config does not "
+                       "read: ",
+                       config.status().message()));
+    }
+    auto generator = WorkloadGenerator::Create(*config);
+    if (!generator.ok()) {
+      return Corrupt(absl::StrCat("generated events, but the header's generator: ",
+                                  generator.status().message()));
+    }
+    const std::vector<FeatureTable>& tables = (*generator)->config().features;
+    if (tables.size() != features || !std::equal(tables.begin(), tables.end(), h.features.begin(),
+                                                 [](const FeatureTable& a, const FeatureTable& b) {
+                                                   return a.table_id == b.table_id &&
+                                                          a.rows == b.rows;
+                                                 })) {
+      return Corrupt("generated events, but the header's generator has other feature tables");
+    }
+    r->events_ = std::move(*generator);
   }
   return r;
 }
@@ -202,7 +246,16 @@ absl::StatusOr<bool> TraceReader::Next(TraceRequest* out) {
   if (!Varint(&dt) || !Varint(&out->user) || !Varint(&out->prior_events) || !Varint(&events)) {
     return Corrupt(absl::StrCat("record ", count_, ": truncated"));
   }
-  if (absl::Status st = Ids(events, &out->new_events); !st.ok()) return st;
+  if (events_ != nullptr) {
+    const size_t F = header_.features.size();
+    if (events > (uint64_t{1} << 32) / F) {
+      return Corrupt(absl::StrCat("record ", count_, ": too long"));
+    }
+    out->new_events.clear();
+    events_->AppendEventsOf(out->user, out->prior_events, events, &out->new_events);
+  } else if (absl::Status st = Ids(events, &out->new_events); !st.ok()) {
+    return st;
+  }
   if (!Varint(&candidates)) return Corrupt(absl::StrCat("record ", count_, ": truncated"));
   if (absl::Status st = Ids(candidates, &out->candidates); !st.ok()) return st;
   hashing_ = false;
@@ -212,12 +265,14 @@ absl::StatusOr<bool> TraceReader::Next(TraceRequest* out) {
   return true;
 }
 
-absl::StatusOr<uint64_t> WriteTrace(WorkloadGenerator& generator, const std::string& path) {
+absl::StatusOr<uint64_t> WriteTrace(WorkloadGenerator& generator, const std::string& path,
+                                    bool generated_events) {
   const WorkloadConfig& c = generator.config();
   auto writer = TraceWriter::Create(path, {.seed = c.seed,
                                            .duration_ns = generator.duration_ns(),
                                            .config_yaml = WorkloadConfigYaml(c),
-                                           .features = c.features});
+                                           .features = c.features,
+                                           .generated_events = generated_events});
   if (!writer.ok()) return writer.status();
   TraceRequest r;
   while (generator.Next(&r)) {

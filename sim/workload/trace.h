@@ -2,17 +2,24 @@
 // The trace file: a workload written once and replayed many times (the load generator, the
 // simulator). Little-endian, versioned, self-describing:
 //
-//   header   "HLEMTRC1" · u32 version (1) · u32 F (features per event) · u64 seed ·
+//   header   "HLEMTRC1" · u32 version (2) · u32 F (features per event) · u64 seed ·
 //            u64 duration_ns · u32 n · n bytes of generator config (YAML, WorkloadConfigYaml) ·
-//            F × (u32 table_id · u64 rows · u32 n · n bytes of name)
+//            F × (u32 table_id · u64 rows · u32 n · n bytes of name) ·
+//            u8 events (0 explicit, 1 generated; absent in version 1, which is explicit)
 //   records  u8 1 · then LEB128 varints: t_ns − previous t_ns · user · prior_events ·
-//            new events E · E·F feature ids · candidates C · C·F feature ids
-//   footer   u8 0 · u64 record count · u64 FNV-1a of every record byte (tags included)
+//            new events E · [explicit: E·F feature ids] · candidates C · C·F feature ids
+//   footer   u8 0 · u64 record count · u64 FNV-1a of every header (version 2) and record byte
+//            (tags included)
 //
 // A request carries only the events its user added since its previous request (the whole
-// history on its first); a reader that wants full histories keeps them per user. The reader
-// checks the magic, the version, every record's shape and the footer's count and hash, so a
-// truncated or corrupted file is an error, not a short trace.
+// history on its first); a reader that wants full histories keeps them per user. In a
+// `generated` trace the records hold only E: the events are the header's generator's events
+// prior_events … prior_events + E − 1 of the user (WorkloadGenerator::AppendEventOf, keyed by
+// seed, user and event), which the reader regenerates — a first visit of the paper profile
+// carries 10 000 events, and explicit traces of it grow by ~60 KB a request. Explicit traces are
+// for workloads from elsewhere. The reader checks the magic, the version, every record's shape
+// and the footer's count and hash, so a truncated or corrupted file is an error, not a short
+// trace. Readers take versions 1 and 2.
 
 #include <cstdint>
 #include <fstream>
@@ -26,7 +33,7 @@
 
 namespace hlem::sim {
 
-inline constexpr uint32_t kTraceVersion = 1;
+inline constexpr uint32_t kTraceVersion = 2;
 
 struct TraceHeader {
   uint32_t version = kTraceVersion;
@@ -34,6 +41,8 @@ struct TraceHeader {
   uint64_t duration_ns = 0;
   std::string config_yaml;
   std::vector<FeatureTable> features;
+  // The records leave the events out; the reader regenerates them from config_yaml.
+  bool generated_events = false;
 };
 
 class TraceWriter {
@@ -50,9 +59,12 @@ class TraceWriter {
   uint64_t records() const { return count_; }
 
  private:
-  TraceWriter(std::ofstream out, size_t features) : out_(std::move(out)), F_(features) {}
+  TraceWriter(std::ofstream out, size_t features, bool generated)
+      : out_(std::move(out)), F_(features), generated_(generated) {}
+  void Hash(const std::string& bytes);
   std::ofstream out_;
   const size_t F_;
+  const bool generated_;
   std::string buf_;
   uint64_t count_ = 0, hash_ = 0xcbf29ce484222325ULL, last_t_ = 0;
   bool finished_ = false;
@@ -76,6 +88,7 @@ class TraceReader {
   absl::Status Ids(uint64_t n, std::vector<uint64_t>* out);
 
   std::ifstream in_;
+  std::unique_ptr<WorkloadGenerator> events_;  // a generated trace's events
   std::vector<char> buf_ = std::vector<char>(1 << 20);
   size_t pos_ = 0, len_ = 0;
   bool hashing_ = false;
@@ -84,7 +97,9 @@ class TraceReader {
   bool done_ = false;
 };
 
-// Writes every request of `generator` to `path`; returns the record count.
-absl::StatusOr<uint64_t> WriteTrace(WorkloadGenerator& generator, const std::string& path);
+// Writes every request of `generator` to `path`; returns the record count. `generated_events`:
+// the records leave the events out (the compact form; see the format above).
+absl::StatusOr<uint64_t> WriteTrace(WorkloadGenerator& generator, const std::string& path,
+                                    bool generated_events = true);
 
 }  // namespace hlem::sim

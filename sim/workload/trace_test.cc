@@ -28,11 +28,11 @@ class TraceTest : public ::testing::Test {
   void TearDown() override {
     for (const std::string& p : paths_) std::filesystem::remove(p);
   }
-  std::string Write(uint64_t seed, const std::string& name) {
+  std::string Write(uint64_t seed, const std::string& name, bool generated = true) {
     const std::string p = Path(name);
     paths_.push_back(p);
     auto g = *WorkloadGenerator::Create(testing::TinyWorkload(seed));
-    auto n = WriteTrace(*g, p);
+    auto n = WriteTrace(*g, p, generated);
     EXPECT_TRUE(n.ok()) << n.status();
     return p;
   }
@@ -49,21 +49,10 @@ class TraceTest : public ::testing::Test {
   std::vector<std::string> paths_;
 };
 
-TEST_F(TraceTest, RoundTripsByteForByte) {
-  const std::string a = Write(7, "a"), b = Write(7, "b"), c = Write(8, "c");
-  EXPECT_EQ(Bytes(a), Bytes(b));
-  EXPECT_NE(Bytes(a), Bytes(c));
-
-  auto reader = *TraceReader::Open(a);
-  EXPECT_EQ(reader->header().seed, 7u);
-  EXPECT_EQ(reader->header().duration_ns, 5'000'000'000u);
-  ASSERT_EQ(reader->header().features.size(), 2u);
-  EXPECT_EQ(reader->header().features[1].name, "category");
-  auto config = ParseWorkloadConfig(reader->header().config_yaml);
-  ASSERT_TRUE(config.ok()) << config.status();
-  EXPECT_EQ(config->seed, 7u);
-
-  auto g = *WorkloadGenerator::Create(testing::TinyWorkload(7));
+// Reads `path` back and checks it holds exactly the requests of the seed's generator.
+void ExpectGeneratorsRequests(const std::string& path, uint64_t seed) {
+  auto reader = *TraceReader::Open(path);
+  auto g = *WorkloadGenerator::Create(testing::TinyWorkload(seed));
   TraceRequest want, got;
   uint64_t n = 0;
   while (g->Next(&want)) {
@@ -74,6 +63,48 @@ TEST_F(TraceTest, RoundTripsByteForByte) {
   EXPECT_FALSE(*reader->Next(&got));
   EXPECT_GT(n, 400u);
   EXPECT_EQ(reader->records(), n);
+}
+
+TEST_F(TraceTest, RoundTripsByteForByte) {
+  const std::string a = Write(7, "a"), b = Write(7, "b"), c = Write(8, "c");
+  EXPECT_EQ(Bytes(a), Bytes(b));
+  EXPECT_NE(Bytes(a), Bytes(c));
+
+  auto reader = *TraceReader::Open(a);
+  EXPECT_EQ(reader->header().seed, 7u);
+  EXPECT_EQ(reader->header().duration_ns, 5'000'000'000u);
+  EXPECT_TRUE(reader->header().generated_events);
+  ASSERT_EQ(reader->header().features.size(), 2u);
+  EXPECT_EQ(reader->header().features[1].name, "category");
+  auto config = ParseWorkloadConfig(reader->header().config_yaml);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->seed, 7u);
+  ExpectGeneratorsRequests(a, 7);
+}
+
+TEST_F(TraceTest, ExplicitEventsReadBackTheSameAndVersionOneStillReads) {
+  const std::string generated = Write(7, "gen"), explicit_ = Write(7, "explicit", false);
+  EXPECT_FALSE((*TraceReader::Open(explicit_))->header().generated_events);
+  EXPECT_GT(Bytes(explicit_).size(), Bytes(generated).size());
+  ExpectGeneratorsRequests(explicit_, 7);
+
+  // Version 1: version field 1, no events byte after the feature tables (explicit events), the
+  // footer's FNV-1a over the records only.
+  std::string v1 = Bytes(explicit_);
+  const std::string last_name = "category";  // the second one: the first is in the config YAML
+  const size_t mode = v1.find(last_name, v1.find(last_name) + 1) + last_name.size();
+  ASSERT_EQ(v1[mode], '\0');
+  v1.erase(mode, 1);
+  v1[8] = 1;
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  for (size_t i = mode; i < v1.size() - 17; ++i) {
+    hash = (hash ^ static_cast<uint8_t>(v1[i])) * 0x100000001b3ULL;
+  }
+  v1.replace(v1.size() - 8, 8, reinterpret_cast<const char*>(&hash), 8);
+  const std::string p = Path("v1");
+  paths_.push_back(p);
+  std::ofstream(p, std::ios::binary) << v1;
+  ExpectGeneratorsRequests(p, 7);
 }
 
 TEST_F(TraceTest, DamageIsAnErrorNotAShortTrace) {
@@ -96,6 +127,21 @@ TEST_F(TraceTest, DamageIsAnErrorNotAShortTrace) {
   EXPECT_THAT(std::string(variant("magic", "NOTATRACE" + bytes.substr(9)).message()),
               HasSubstr("bad magic"));
   EXPECT_FALSE(variant("extra", bytes + "x").ok());
+  std::string seed_digit = bytes;  // the header's config: another seed, the same shape
+  const size_t seed = seed_digit.find("seed: 7");
+  ASSERT_NE(seed, std::string::npos);
+  seed_digit[seed + 6] = '8';
+  EXPECT_THAT(std::string(variant("seed", seed_digit).message()), HasSubstr("checksum"));
+  std::string future = bytes;
+  future[8] = 9;
+  EXPECT_THAT(std::string(variant("version", future).message()), HasSubstr("version 9"));
+  // A generated trace whose header's generator config does not read.
+  std::string config = bytes;
+  const size_t at = config.find("communities: ");
+  ASSERT_NE(at, std::string::npos);
+  config[at + 13] = 'x';
+  EXPECT_THAT(std::string(variant("config", config).message()),
+              HasSubstr("generator config does not read"));
   EXPECT_EQ(TraceReader::Open(Path("missing")).status().code(), absl::StatusCode::kNotFound);
 }
 

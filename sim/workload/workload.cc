@@ -229,6 +229,19 @@ WorkloadGenerator::WorkloadGenerator(const WorkloadConfig& config)
   for (uint32_t i = config.communities - 1; i > 0; --i) {
     std::swap(community_by_rank_[i], community_by_rank_[shuffle() % (i + 1)]);
   }
+  // Feature f's rows of community c start at c · rows ÷ communities (precomputed: the 128-bit
+  // division was a tenth of the simulator's time at the paper profile).
+  derived_.resize(F_);
+  for (size_t f = 1; f < F_; ++f) {
+    const uint64_t rows = config.features[f].rows;
+    DerivedTable& d = derived_[f];
+    d.last_row = rows - 1;
+    d.slice = std::max<uint64_t>(1, rows / config.communities);
+    d.base.resize(config.communities);
+    for (uint32_t c = 0; c < config.communities; ++c) {
+      d.base[c] = static_cast<uint64_t>(static_cast<__uint128_t>(c) * rows / config.communities);
+    }
+  }
   uint64_t t = 0;
   for (const Phase& p : config.phases) {
     t += static_cast<uint64_t>(absl::ToInt64Nanoseconds(p.duration));
@@ -307,33 +320,46 @@ double WorkloadGenerator::HotProbability(uint64_t t_ns) const {
   return p.hot_ratio;
 }
 
-uint64_t WorkloadGenerator::PopularItem(SplitMix64& rng) const {
+WorkloadGenerator::Drawn WorkloadGenerator::PopularItem(SplitMix64& rng) const {
   const uint32_t community = community_by_rank_[community_zipf_(rng)];
-  return community * community_rows_ + item_zipf_(rng);
+  return {community * community_rows_ + item_zipf_(rng), community};
 }
 
-uint64_t WorkloadGenerator::Item(uint64_t user, uint64_t event) const {
-  SplitMix64 rng(KeyedHash(config_.seed, user, event));
-  if (Unit(rng) >= config_.home_share) return PopularItem(rng);
+WorkloadGenerator::Homes WorkloadGenerator::HomesOf(uint64_t user) const {
   const uint64_t homes = config_.min_home + KeyedHash(config_.seed, user, kHomeKey) %
                                                 (config_.max_home - config_.min_home + 1);
-  const uint64_t pick = rng() % homes;
-  SplitMix64 home(KeyedHash(config_.seed, user, kHomeKey, pick));
-  const uint32_t community = community_by_rank_[community_zipf_(home)];
-  return community * community_rows_ + item_zipf_(rng);
+  Homes out;
+  for (uint64_t pick = 0; pick < homes; ++pick) {
+    SplitMix64 home(KeyedHash(config_.seed, user, kHomeKey, pick));
+    out.push_back(community_by_rank_[community_zipf_(home)]);
+  }
+  return out;
 }
 
-uint64_t WorkloadGenerator::Derived(size_t feature, uint64_t item) const {
-  const uint64_t rows = config_.features[feature].rows;
-  const uint64_t community = item / community_rows_;
-  const uint64_t base =
-      static_cast<uint64_t>(static_cast<__uint128_t>(community) * rows / config_.communities);
-  const uint64_t slice = std::max<uint64_t>(1, rows / config_.communities);
-  return std::min(rows - 1, base + KeyedHash(config_.seed, feature, item) % slice);
+WorkloadGenerator::Drawn WorkloadGenerator::Item(uint64_t user, uint64_t event,
+                                                 const Homes& homes) const {
+  SplitMix64 rng(KeyedHash(config_.seed, user, event));
+  if (Unit(rng) >= config_.home_share) return PopularItem(rng);
+  const uint32_t community = homes[rng() % homes.size()];
+  return {community * community_rows_ + item_zipf_(rng), community};
 }
 
-void WorkloadGenerator::AppendEvent(uint64_t item, std::vector<uint64_t>* out) const {
-  out->push_back(item);
+void WorkloadGenerator::AppendEventsOf(uint64_t user, uint64_t first, uint64_t count,
+                                       std::vector<uint64_t>* out) const {
+  if (count == 0) return;
+  const Homes homes = HomesOf(user);
+  out->reserve(out->size() + count * F_);
+  for (uint64_t j = first; j < first + count; ++j) AppendEvent(Item(user, j, homes), out);
+}
+
+uint64_t WorkloadGenerator::Derived(size_t feature, Drawn item) const {
+  const DerivedTable& d = derived_[feature];
+  return std::min(d.last_row,
+                  d.base[item.community] + KeyedHash(config_.seed, feature, item.item) % d.slice);
+}
+
+void WorkloadGenerator::AppendEvent(Drawn item, std::vector<uint64_t>* out) const {
+  out->push_back(item.item);
   for (size_t f = 1; f < F_; ++f) out->push_back(Derived(f, item));
 }
 
@@ -362,15 +388,19 @@ bool WorkloadGenerator::Next(TraceRequest* out) {
   out->prior_events = sent;
   out->new_events.clear();
   out->new_events.reserve(n * F_);
-  for (uint64_t j = sent; j < sent + n; ++j) AppendEvent(Item(user, j), &out->new_events);
+  AppendEventsOf(user, sent, n, &out->new_events);
   sent += n;
   out->candidates.clear();
   out->candidates.reserve(config_.candidates * F_);
   SplitMix64 rng(candidates_());
   for (uint32_t c = 0; c < config_.candidates; ++c) {
-    const uint64_t item = Unit(rng) < config_.popular_candidate_share
-                              ? PopularItem(rng)
-                              : rng() % config_.features[0].rows;
+    Drawn item;
+    if (Unit(rng) < config_.popular_candidate_share) {
+      item = PopularItem(rng);
+    } else {
+      item.item = rng() % config_.features[0].rows;
+      item.community = item.item / community_rows_;
+    }
     AppendEvent(item, &out->candidates);
   }
   return true;

@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/rng.h"
@@ -126,15 +127,24 @@ class WorkloadGenerator {
   // the trace carried for it (keyed, so the simulator regenerates a user's old events instead
   // of keeping them).
   void AppendEventOf(uint64_t user, uint64_t event, std::vector<uint64_t>* out) const {
-    AppendEvent(Item(user, event), out);
+    AppendEventsOf(user, event, 1, out);
   }
+  // Events first … first + count − 1 of `user`, as AppendEventOf each (the user's home
+  // communities drawn once).
+  void AppendEventsOf(uint64_t user, uint64_t first, uint64_t count,
+                      std::vector<uint64_t>* out) const;
 
  private:
   explicit WorkloadGenerator(const WorkloadConfig& config);
-  uint64_t Item(uint64_t user, uint64_t event) const;
-  uint64_t PopularItem(SplitMix64& rng) const;
-  uint64_t Derived(size_t feature, uint64_t item) const;
-  void AppendEvent(uint64_t item, std::vector<uint64_t>* out) const;
+  using Homes = absl::InlinedVector<uint32_t, 3>;  // a user's home communities (max_home <= 3)
+  Homes HomesOf(uint64_t user) const;
+  struct Drawn {  // an item and its community
+    uint64_t item = 0, community = 0;
+  };
+  Drawn Item(uint64_t user, uint64_t event, const Homes& homes) const;
+  Drawn PopularItem(SplitMix64& rng) const;
+  uint64_t Derived(size_t feature, Drawn item) const;
+  void AppendEvent(Drawn item, std::vector<uint64_t>* out) const;
   void PlanBursts();
   bool Recent(uint64_t user) const;
   uint64_t PickUser();
@@ -143,6 +153,11 @@ class WorkloadGenerator {
   const size_t F_;
   const uint64_t community_rows_;
   std::vector<uint32_t> community_by_rank_;  // popularity rank -> community
+  struct DerivedTable {
+    std::vector<uint64_t> base;  // community -> its first row
+    uint64_t slice = 1, last_row = 0;
+  };
+  std::vector<DerivedTable> derived_;  // per feature (feature 0, the item, unused)
   ZipfSampler community_zipf_, item_zipf_, hot_zipf_;
   uint64_t end_ns_ = 0;
   std::vector<uint64_t> phase_end_ns_;
