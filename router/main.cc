@@ -51,11 +51,11 @@ int main(int argc, char** argv) {
                  "the nodes' serving addresses: host:port,host:port,... or dns:///name:port (every "
                  "address the name resolves to, e.g. a Kubernetes headless service)")
       ->required();
-  bool calibrate = false;
+  bool calibrate = true;
   double calibration_half_life = 500;
   app.add_option("--calibrate-costs", calibrate,
-                 "learn C_kv and C_emb online from the nodes' measured compute and fetch times "
-                 "(the load weight keeps its configured share)");
+                 "learn C_kv, C_emb and C_ld online from the nodes' measured compute, fetch and "
+                 "queue times (true by default; false: the configured --c-* weights)");
   app.add_option("--calibration-half-life", calibration_half_life,
                  "answers after which an old cost sample counts half")
       ->check(CLI::Range(1.0, 1e9));

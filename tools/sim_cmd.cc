@@ -46,7 +46,7 @@ struct SimFlags {
               controller = "static", weights;
   uint32_t nodes = 4, emb_sample = 1;
   double alpha = 0.5, slo_ms = 0, warmup_s = 0;
-  bool quiet = false;
+  bool quiet = false, calibrate_costs = true;
 };
 
 int Fail(absl::string_view what, const absl::Status& st) { return tools::Fail("sim", what, st); }
@@ -81,6 +81,7 @@ absl::StatusOr<Setup> Prepare(const SimFlags& f) {
                                                    .router = f.router,
                                                    .nodes = f.nodes,
                                                    .emb_sample = f.emb_sample}));
+  if (f.calibrate_costs) setup.twin.calibration = router::CalibrationOptions{};
   s.controller = {.name = f.controller, .weights = f.weights, .alpha = f.alpha};
   if (absl::StatusOr<allocator::ControllerFactory> check =
           allocator::MakeControllerFactory(s.controller);
@@ -223,6 +224,15 @@ absl::StatusOr<RunResult> RunOnce(const Setup& s, double alpha) {
   result.decisions = std::move(decisions);
   result.stats = (*twin)->stats();
   result.nodes += NodeLines(**twin);
+  if (std::optional<router::CalibrationState> c = (*twin)->calibration(); c.has_value()) {
+    absl::StrAppendFormat(
+        &result.nodes,
+        "router weights at the end: kv %.3f, emb %.3f, load %.3f (%s; C_kv %.3f ms, C_emb %.3f "
+        "ms, C_ld %.3f ms)\n",
+        c->weights.kv, c->weights.emb, c->weights.load,
+        c->calibrated ? "calibrated" : "configured: too few answers", c->c_kv * 1e3, c->c_emb * 1e3,
+        c->c_load * 1e3);
+  }
   for (const sim::TwinOutcome& o : (*twin)->outcomes()) {
     result.outcomes.push_back({.index = o.index,
                                .scheduled_ns = o.sent_ns,
@@ -654,6 +664,10 @@ void CommonFlags(CLI::App* cmd, SimFlags* f) {
   cmd->add_option("--emb-sample", f->emb_sample,
                   "EMB cache tracks 1 in N rows (hash-sampled; paper scale; 1 = every row)")
       ->check(CLI::Range(1u, 1u << 20));
+  cmd->add_option("--calibrate-costs", f->calibrate_costs,
+                  "the router learns its weights from the answers as the router binary does by "
+                  "default (the KV, EMB and load costs in seconds; router/core/calibration.h); "
+                  "false: the configured weights");
   cmd->add_option("--warmup-s", f->warmup_s,
                   "leave the trace's first N seconds out of the overall figures")
       ->check(CLI::NonNegativeNumber);

@@ -139,7 +139,9 @@ grpc::Status RouterServiceImpl::Route(grpc::ServerContext* context,
                                       .emb_hits = out.emb_hits(),
                                       .emb_misses = out.emb_misses(),
                                       .compute_seconds = out.timings().compute_seconds(),
-                                      .fetch_seconds = out.timings().emb_fetch_seconds()});
+                                      .fetch_seconds = out.timings().emb_fetch_seconds(),
+                                      .queue_seconds = out.timings().queue_seconds(),
+                                      .load = r.decision.load});
       }
       response->mutable_scores()->Swap(out.mutable_scores());
       response->set_num_tasks(out.num_tasks());

@@ -71,6 +71,12 @@ absl::Status Twin::Build() {
   }
   ro.max_nodes = std::max(ro.max_nodes, options_.nodes);
   ASSIGN_OR_RETURN(router_, router::Cluster::Create(ro, clock_));
+  if (options_.calibration.has_value()) {
+    if (options_.calibration_every == 0) {
+      return absl::InvalidArgumentError("twin.calibration_every: must be >= 1");
+    }
+    ASSIGN_OR_RETURN(calibrator_, router::CostCalibrator::Create(*options_.calibration, ro.scorer));
+  }
   for (uint32_t i = 0; i < options_.nodes; ++i) {
     SimNodeOptions o = options_.node;
     o.local.node.node_id = absl::StrCat("node-", i);
@@ -180,8 +186,10 @@ void Twin::Dispatch(std::shared_ptr<Request> r, int attempt) {
                          .expected_kv_resident = route.decision.h_kv >= 1.0,
                          .delta = serving::ClientPrefix{.len = t.prior_events, .hash = 0}};
   const absl::Time received = clock_.Now();
+  const double load = route.decision.load;
   nodes_[static_cast<size_t>(n)]->node->Infer(
-      std::move(in), [this, r, n, attempt, received](absl::StatusOr<serving::InferOutput> out) {
+      std::move(in),
+      [this, r, n, attempt, received, load](absl::StatusOr<serving::InferOutput> out) {
         router_->Completed(n);
         r->tried.push_back(n);
         TwinOutcome& o = r->outcome;
@@ -207,6 +215,7 @@ void Twin::Dispatch(std::shared_ptr<Request> r, int attempt) {
           const uint64_t accounted = ns(out->emb_seconds + out->compute_seconds + out->kv_seconds);
           o.queue_ns = o.node_ns > accounted ? o.node_ns - accounted : 0;
           if (out->stale_kv_hit) router_->Forget(n, r->trace.user);
+          if (calibrator_ != nullptr) Calibrate(*out, o.queue_ns, load);
         } else if (attempt == 0 && (o.code == absl::StatusCode::kUnavailable ||
                                     o.code == absl::StatusCode::kResourceExhausted)) {
           Dispatch(r, 1);  // the router's one retry on another node
@@ -214,6 +223,20 @@ void Twin::Dispatch(std::shared_ptr<Request> r, int attempt) {
         }
         clock_.ScheduleAfter(Hop(*r), [this, r] { Record(*r); });
       });
+}
+
+void Twin::Calibrate(const serving::InferOutput& out, uint64_t queue_ns, double load) {
+  calibrator_->Observe({.computed_tokens = out.computed_tokens,
+                        .history_tokens = out.history_tokens,
+                        .emb_hits = out.emb_hits,
+                        .emb_misses = out.emb_misses,
+                        .compute_seconds = absl::ToDoubleSeconds(out.compute_seconds),
+                        .fetch_seconds = absl::ToDoubleSeconds(out.fetch_seconds),
+                        .queue_seconds = static_cast<double>(queue_ns) * 1e-9,
+                        .load = load});
+  if (++observed_ % options_.calibration_every != 0) return;
+  const router::CalibrationState st = calibrator_->State();
+  if (st.calibrated) (void)router_->SetWeights(st.weights);  // valid: shares of positive costs
 }
 
 void Twin::Record(const Request& r) {

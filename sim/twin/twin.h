@@ -18,12 +18,14 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "router/core/calibration.h"
 #include "router/core/cluster.h"
 #include "sim/twin/cost_model.h"
 #include "sim/twin/shared_compute.h"
@@ -39,6 +41,10 @@ struct TwinOptions {
   router::ClusterOptions router;  // policy, weights; the features are set from the node's
   absl::Duration feed_delay = absl::Milliseconds(1);
   double alpha = 0.5;  // every node's α at the start (a static α unless changed later)
+  // Online calibration of the router's weights from the answers (router/core/calibration.h), as
+  // `router --calibrate-costs` does; applied every `calibration_every` answers. Off when unset.
+  std::optional<router::CalibrationOptions> calibration;
+  uint32_t calibration_every = 64;
 };
 
 // One request's outcome.
@@ -110,6 +116,11 @@ class Twin {
   SimNode& node(size_t i) { return *nodes_[i]; }
   size_t num_nodes() const { return nodes_.size(); }
   router::Cluster& router() { return *router_; }
+  // The router's cost calibration (when options().calibration is set).
+  std::optional<router::CalibrationState> calibration() const {
+    if (calibrator_ == nullptr) return std::nullopt;
+    return calibrator_->State();
+  }
   SimClock& clock() { return clock_; }
 
  private:
@@ -124,6 +135,8 @@ class Twin {
   // One client-router-node hop of a request (half the router overhead, slowed down).
   absl::Duration Hop(const Request& r) const;
   void Record(const Request& r);
+  // Feeds one answer to the calibrator; every calibration_every answers, its weights to the router.
+  void Calibrate(const serving::InferOutput& out, uint64_t queue_ns, double load);
 
   const TwinOptions options_;
   SimClock clock_;
@@ -131,6 +144,8 @@ class Twin {
   std::vector<std::unique_ptr<SharedCompute>> compute_;  // one shared, or one per node
   std::vector<std::unique_ptr<SimNode>> nodes_;
   std::unique_ptr<router::Cluster> router_;
+  std::unique_ptr<router::CostCalibrator> calibrator_;  // when options_.calibration is set
+  uint64_t observed_ = 0;                               // answers the calibrator saw
   std::vector<TwinOutcome> outcomes_;
   std::function<bool(TraceRequest*)> next_;
   std::deque<TraceRequest> ahead_;  // Prefetch's read-ahead

@@ -416,6 +416,32 @@ TEST(TrainTest, EveryNodeGetsAnEpisodeRewardedByTheClusterWindow) {
   EXPECT_GE(by_window.size(), 17u);
 }
 
+TEST(TwinTest, CalibrationLearnsFromTheAnswersAndSetsTheRoutersWeights) {
+  const WorkloadConfig workload = testing::TinyWorkload();
+  const std::vector<TraceRequest> trace = Generate(workload);
+  TwinOptions options = testing::TinyTwin(workload);
+  const router::Weights configured = RunTwin(options, workload, trace)->router().weights();
+  EXPECT_FALSE(RunTwin(options, workload, trace)->calibration().has_value());
+
+  options.calibration = router::CalibrationOptions{.half_life = 100, .min_samples = 20};
+  options.calibration_every = 16;
+  std::unique_ptr<Twin> twin = RunTwin(options, workload, trace);
+  const std::optional<router::CalibrationState> st = twin->calibration();
+  ASSERT_TRUE(st.has_value());
+  ASSERT_TRUE(st->calibrated);
+  EXPECT_EQ(st->load_samples, trace.size());  // every answer carries the load it was routed at
+  EXPECT_GT(st->c_kv, 0);
+  EXPECT_GT(st->c_emb, 0);
+  const router::Weights w = twin->router().weights();
+  EXPECT_NEAR(w.kv + w.emb + w.load, 1, 1e-9);
+  EXPECT_NE(w.kv, configured.kv);  // applied, not the configured shares
+  EXPECT_NE(w.emb, configured.emb);
+
+  options.calibration_every = 0;
+  EXPECT_NE(Twin::Create(options, workload).status().message().find("twin.calibration_every"),
+            std::string::npos);
+}
+
 TEST(TwinTest, BadOptionsNameTheField) {
   const WorkloadConfig workload = testing::TinyWorkload();
   TwinOptions options = testing::TinyTwin(workload);
