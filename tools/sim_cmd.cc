@@ -34,6 +34,7 @@
 #include "sim/workload/trace.h"
 #include "tools/commands.h"
 #include "tools/loadgen/summary.h"
+#include "tools/sim_runner.h"
 #include "tools/twin_setup.h"
 
 namespace hlem::tools {
@@ -51,229 +52,17 @@ struct SimFlags {
 
 int Fail(absl::string_view what, const absl::Status& st) { return tools::Fail("sim", what, st); }
 
-// Opens the trace for a run: the reader and the callback the twin pulls requests with.
-struct TraceSource {
-  std::unique_ptr<sim::TraceReader> reader;
-  absl::Status error;
-  std::function<bool(sim::TraceRequest*)> Next() {
-    return [this](sim::TraceRequest* r) {
-      absl::StatusOr<bool> more = reader->Next(r);
-      if (!more.ok()) error = more.status();
-      return more.ok() && *more;
-    };
-  }
-};
-
-// Everything a run needs but the α: read once, shared by a sweep's runs.
-struct Setup {
-  sim::TwinOptions twin;
-  sim::WorkloadConfig workload;
-  std::string trace;
-  double slo_ms = 0;
-  uint64_t window_ns = 0, warmup_ns = 0;
-  allocator::ControllerSpec controller;  // allocator/core/registry.h; its α is the run's
-};
-
-absl::StatusOr<Setup> Prepare(const SimFlags& f) {
-  Setup s;
-  ASSIGN_OR_RETURN(TwinSetup setup, LoadTwinSetup({.node_config = f.node_config,
-                                                   .costs = f.costs,
-                                                   .router = f.router,
-                                                   .nodes = f.nodes,
-                                                   .emb_sample = f.emb_sample}));
-  if (f.calibrate_costs) setup.twin.calibration = router::CalibrationOptions{};
-  s.controller = {.name = f.controller, .weights = f.weights, .alpha = f.alpha};
-  if (absl::StatusOr<allocator::ControllerFactory> check =
-          allocator::MakeControllerFactory(s.controller);
-      !check.ok()) {
-    return check.status();
-  }
-  auto reader = sim::TraceReader::Open(f.trace);
-  if (!reader.ok()) {
-    return absl::Status(reader.status().code(),
-                        absl::StrCat("--trace: ", reader.status().message()));
-  }
-  auto workload = sim::ParseWorkloadConfig((*reader)->header().config_yaml);
-  if (!workload.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--trace: its header's workload config: ", workload.status().message()));
-  }
-  s.workload = *workload;
-  s.trace = f.trace;
-  s.twin = setup.twin;
-  s.twin.alpha = f.alpha;
-  s.slo_ms = f.slo_ms > 0 ? f.slo_ms : absl::ToDoubleMilliseconds(setup.slo);
-  s.window_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(workload->window));
-  s.warmup_ns = static_cast<uint64_t>(f.warmup_s * 1e9);
-  return s;
-}
-
-struct RunResult {
-  loadgen::Report report;
-  std::vector<loadgen::Outcome> outcomes;
-  sim::TwinStats stats;
-  std::string nodes;  // a line per node: its caches and link over the whole run
-  std::vector<sim::ControlRecord> decisions;  // under a controller
-};
-
-// A line per node over the whole run (beyond 16 nodes: the cluster's totals and the spread of
-// requests per node instead).
-std::string NodeLines(sim::Twin& twin) {
-  std::string out;
-  const double seconds = absl::ToDoubleSeconds(twin.stats().simulated);
-  const int miss = static_cast<int>(serving::CopyPurpose::kEmbMiss);
-  const int refill = static_cast<int>(serving::CopyPurpose::kEmbRefill);
-  auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
-  const bool each = twin.num_nodes() <= 16;
-  std::vector<uint64_t> per_node;
-  double lookups = 0, reused = 0, requested = 0, hits = 0, emb_lookups = 0, copies = 0,
-         copy_bytes = 0, refill_bytes = 0, busiest_link = 0;
-  for (size_t i = 0; i < twin.num_nodes(); ++i) {
-    sim::SimNode& n = twin.node(i);
-    const serving::KvCacheStats kv = n.kv->Stats();
-    const serving::EmbCacheStats emb = n.emb->GetStats();
-    const serving::DeviceCopyStats dev = n.device->stats();
-    const double link = ratio(dev.link_busy_ns / 1e9, seconds);
-    if (each) {
-      absl::StrAppendFormat(
-          &out,
-          "node-%d: %d requests, KV reuse %.1f %% of tokens, EMB hits %.1f %% of rows, %.1f miss "
-          "copies (%.1f KiB) per request, refill %.1f MiB, link busy %.1f %%\n",
-          i, kv.lookups, 100 * ratio(kv.tokens_reused, kv.tokens_requested),
-          100 * ratio(emb.hits, emb.lookups), ratio(dev.copies[miss], kv.lookups),
-          ratio(dev.bytes[miss], kv.lookups) / 1024, dev.bytes[refill] / 1048576.0, 100 * link);
-    }
-    per_node.push_back(kv.lookups);
-    lookups += kv.lookups;
-    reused += kv.tokens_reused;
-    requested += kv.tokens_requested;
-    hits += emb.hits;
-    emb_lookups += emb.lookups;
-    copies += dev.copies[miss];
-    copy_bytes += dev.bytes[miss];
-    refill_bytes += dev.bytes[refill];
-    busiest_link = std::max(busiest_link, link);
-  }
-  if (!each && !per_node.empty()) {
-    std::sort(per_node.begin(), per_node.end());
-    absl::StrAppendFormat(
-        &out,
-        "%d nodes: requests per node min %d, median %d, max %d; KV reuse %.1f %% of tokens, EMB "
-        "hits %.1f %% of rows, %.1f miss copies (%.1f KiB) per request, refill %.1f MiB, busiest "
-        "link %.1f %%\n",
-        per_node.size(), per_node.front(), per_node[per_node.size() / 2], per_node.back(),
-        100 * ratio(reused, requested), 100 * ratio(hits, emb_lookups), ratio(copies, lookups),
-        ratio(copy_bytes, lookups) / 1024, refill_bytes / 1048576.0, 100 * busiest_link);
-  }
-  return out;
-}
-
-// The whole trace through a twin starting at α: static, or under the setup's controller (one per
-// node; its decisions in *decisions).
-absl::StatusOr<std::unique_ptr<sim::Twin>> RunTwin(
-    const Setup& s, double alpha, std::vector<sim::ControlRecord>* decisions = nullptr) {
-  sim::TwinOptions options = s.twin;
-  options.alpha = alpha;
-  auto twin = sim::Twin::Create(options, s.workload);
-  if (!twin.ok()) return twin.status();
-  auto reader = sim::TraceReader::Open(s.trace);
-  if (!reader.ok()) return reader.status();
-  TraceSource source{.reader = std::move(*reader)};
-  absl::Status st;
-  if (s.controller.name == "static") {
-    st = (*twin)->Run(source.Next());
-  } else {
-    allocator::ControllerSpec spec = s.controller;
-    spec.alpha = alpha;  // the static α of "recovery"; where the others start
-    absl::StatusOr<allocator::ControllerFactory> make = allocator::MakeControllerFactory(spec);
-    if (!make.ok()) return make.status();
-    absl::StatusOr<std::vector<sim::ControlRecord>> records =
-        sim::RunControlled(**twin, source.Next(), *make, {.window = s.twin.node.local.node.window});
-    st = records.status();
-    if (records.ok() && decisions != nullptr) *decisions = std::move(*records);
-  }
-  if (!source.error.ok()) return source.error;
-  if (!st.ok()) return st;
-  return std::move(*twin);
-}
-
-// One line on the controller's decisions: how many, by reason, and the first that was not the
-// static α's.
-std::string DecisionsLine(const std::vector<sim::ControlRecord>& records) {
-  std::map<std::string, uint64_t> by_reason;
-  const sim::ControlRecord* first = nullptr;
-  for (const sim::ControlRecord& r : records) {
-    ++by_reason[allocator::ReasonName(r.reason)];
-    if (first == nullptr && r.reason != allocator::Reason::kStatic) first = &r;
-  }
-  std::string line = absl::StrCat("allocator: ", records.size(), " decisions");
-  for (const auto& [reason, n] : by_reason) absl::StrAppend(&line, ", ", reason, " ", n);
-  if (first != nullptr) {
-    absl::StrAppend(&line, "; first ", allocator::ReasonName(first->reason), " at window ",
-                    first->window, " on node-", first->node, ": ", first->detail);
-  }
-  return line + "\n";
-}
-
-absl::StatusOr<RunResult> RunOnce(const Setup& s, double alpha) {
-  std::vector<sim::ControlRecord> decisions;
-  absl::StatusOr<std::unique_ptr<sim::Twin>> twin = RunTwin(s, alpha, &decisions);
-  if (!twin.ok()) return twin.status();
-  RunResult result;
-  if (s.controller.name != "static") result.nodes = DecisionsLine(decisions);
-  result.decisions = std::move(decisions);
-  result.stats = (*twin)->stats();
-  result.nodes += NodeLines(**twin);
-  if (std::optional<router::CalibrationState> c = (*twin)->calibration(); c.has_value()) {
-    absl::StrAppendFormat(
-        &result.nodes,
-        "router weights at the end: kv %.3f, emb %.3f, load %.3f (%s; C_kv %.3f ms, C_emb %.3f "
-        "ms, C_ld %.3f ms)\n",
-        c->weights.kv, c->weights.emb, c->weights.load,
-        c->calibrated ? "calibrated" : "configured: too few answers", c->c_kv * 1e3, c->c_emb * 1e3,
-        c->c_load * 1e3);
-  }
-  for (const sim::TwinOutcome& o : (*twin)->outcomes()) {
-    result.outcomes.push_back({.index = o.index,
-                               .scheduled_ns = o.sent_ns,
-                               .sent_ns = o.sent_ns,
-                               .latency_ns = o.latency_ns,
-                               .router_ns = o.router_ns,
-                               .node_ns = o.node_ns,
-                               .stages = {.queue_ns = o.queue_ns,
-                                          .lookup_ns = o.lookup_ns,
-                                          .fetch_ns = o.fetch_ns,
-                                          .copy_ns = o.copy_ns,
-                                          .compute_ns = o.compute_ns,
-                                          .kv_ns = o.kv_ns},
-                               .code = static_cast<int>(o.code),
-                               .message = o.message,
-                               .user = o.user,
-                               .node = o.node < 0 ? "" : absl::StrCat("node-", o.node),
-                               .h_kv = o.h_kv,
-                               .h_emb = o.h_emb,
-                               .candidates = o.candidates,
-                               .cached_prefix_tokens = o.cached_prefix_tokens,
-                               .computed_tokens = o.computed_tokens,
-                               .emb_hits = o.emb_hits,
-                               .emb_misses = o.emb_misses,
-                               .stale_kv_hit = o.stale_kv_hit,
-                               .delta = true,
-                               .sent = true});
-  }
-  if (absl::Status check = loadgen::Check(result.outcomes); !check.ok()) return check;
-  result.report = loadgen::Summarize(result.outcomes, s.window_ns, s.slo_ms, s.warmup_ns);
-  return result;
-}
-
-std::string SpeedLine(const sim::TwinStats& t) {
-  const double simulated = absl::ToDoubleSeconds(t.simulated);
-  return absl::StrFormat(
-      "simulated %.1f s in %.2f s of wall time (%.1fx real time), %d requests (%.0f/s of wall "
-      "time), %d events; log hash %016x\n",
-      simulated, t.wall_seconds, t.wall_seconds > 0 ? simulated / t.wall_seconds : 0, t.requests,
-      t.wall_seconds > 0 ? static_cast<double>(t.requests) / t.wall_seconds : 0, t.timers_run,
-      t.log_hash);
+absl::StatusOr<SimSetup> Prepare(const SimFlags& f) {
+  return PrepareSim({.trace = f.trace,
+                     .node_config = f.node_config,
+                     .costs = f.costs,
+                     .router = f.router,
+                     .nodes = f.nodes,
+                     .emb_sample = f.emb_sample,
+                     .calibrate_costs = f.calibrate_costs,
+                     .controller = {.name = f.controller, .weights = f.weights, .alpha = f.alpha},
+                     .slo_ms = f.slo_ms,
+                     .warmup_s = f.warmup_s});
 }
 
 int WriteFile(const std::string& path, const std::string& body) {
@@ -288,9 +77,9 @@ int WriteFile(const std::string& path, const std::string& body) {
 }
 
 int RunSim(const SimFlags& f) {
-  absl::StatusOr<Setup> s = Prepare(f);
+  absl::StatusOr<SimSetup> s = Prepare(f);
   if (!s.ok()) return Fail("setup", s.status());
-  absl::StatusOr<RunResult> r = RunOnce(*s, f.alpha);
+  absl::StatusOr<SimRunResult> r = RunOnce(*s, f.alpha);
   if (!r.ok()) return Fail("run", r.status());
   std::printf("sim: %s, %u nodes, alpha %.2f, router %s, costs %s (%s)\n%s%s%s", f.trace.c_str(),
               f.nodes, f.alpha, f.router.c_str(), f.costs.c_str(), s->twin.costs.device.c_str(),
@@ -307,17 +96,8 @@ int RunSim(const SimFlags& f) {
                    WriteFile(f.decisions_csv, decisions)});
 }
 
-// The reward of ARCHITECTURE §3 over the whole run (sim::Reward: failures count as never
-// answered, so over 1 % of failures puts P99 at the cap).
-double RunReward(const loadgen::Summary& s, double slo_ms) {
-  const bool failing = s.requests > 0 && (s.requests - s.ok) * 100 > s.requests;
-  return sim::Reward(s.slo_satisfaction,
-                     failing ? absl::InfiniteDuration() : absl::Microseconds(s.p99_ms * 1e3),
-                     absl::Microseconds(slo_ms * 1e3));
-}
-
 int Sweep(const SimFlags& f) {
-  absl::StatusOr<Setup> s = Prepare(f);
+  absl::StatusOr<SimSetup> s = Prepare(f);
   if (!s.ok()) return Fail("setup", s.status());
   std::vector<double> alphas;
   for (absl::string_view part :
@@ -340,7 +120,7 @@ int Sweep(const SimFlags& f) {
               "p99_ms", "slo_%", "kv_%", "reward");
   double best_alpha = -1, best_reward = 0;
   for (double alpha : alphas) {
-    absl::StatusOr<RunResult> r = RunOnce(*s, alpha);
+    absl::StatusOr<SimRunResult> r = RunOnce(*s, alpha);
     if (!r.ok()) return Fail(absl::StrCat("run at alpha ", alpha), r.status());
     const loadgen::Summary& o = r->report.overall;
     const double reward = RunReward(o, s->slo_ms);
@@ -361,7 +141,7 @@ int Sweep(const SimFlags& f) {
 }
 
 int Oracle(const SimFlags& f) {
-  absl::StatusOr<Setup> s = Prepare(f);
+  absl::StatusOr<SimSetup> s = Prepare(f);
   if (!s.ok()) return Fail("setup", s.status());
   sim::TwinOptions options = s->twin;
   options.alpha = f.alpha;
@@ -536,7 +316,7 @@ std::string StageLine(const char* name, const sim::StageMedians& m) {
 
 // Fits the cost model to a real run's per-stage timings (sim/twin/fit.h).
 int Fit(const FitFlags& f) {
-  absl::StatusOr<Setup> s = Prepare(f.sim);
+  absl::StatusOr<SimSetup> s = Prepare(f.sim);
   if (!s.ok()) return Fail("setup", s.status());
   absl::StatusOr<std::vector<loadgen::Outcome>> real = ReadOutcomes(f.real);
   if (!real.ok()) return Fail("--real", real.status());
@@ -555,7 +335,7 @@ int Fit(const FitFlags& f) {
   std::printf("%s", StageLine("real", real_medians).c_str());
   int iteration = 0;
   auto simulate = [&](const sim::CostModel& costs) -> absl::StatusOr<sim::SimulatedRun> {
-    Setup run = *s;
+    SimSetup run = *s;
     run.twin.costs = costs;
     absl::StatusOr<std::unique_ptr<sim::Twin>> twin = RunTwin(run, f.sim.alpha);
     if (!twin.ok()) return twin.status();
