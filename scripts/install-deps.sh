@@ -9,7 +9,7 @@ packages=(
   libspdlog-dev libucx-dev ucx-utils prometheus-cpp-dev libyaml-cpp-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev libeigen3-dev
   libtorch-dev libopenblas0-openmp
-  libglpk-dev libxgboost-dev
+  libglpk-dev libxgboost-dev gnuplot-nox
   clang-format-14 clang-14 libclang-rt-14-dev libfuzzer-14-dev
 )
 

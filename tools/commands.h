@@ -20,6 +20,7 @@ void RegisterLoadgenCommands(CLI::App& app, Run* run);
 void RegisterClusterCommands(CLI::App& app, Run* run);
 void RegisterSimCommands(CLI::App& app, Run* run);
 void RegisterTrainCommands(CLI::App& app, Run* run);
+void RegisterEvalCommands(CLI::App& app, Run* run);
 
 // Prints "hlem <command>: <what>: <message>" to stderr; returns the exit code: 2 for bad input
 // (INVALID_ARGUMENT, NOT_FOUND), 1 when the operation failed.

@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
   hlem::tools::RegisterClusterCommands(app, &run);
   hlem::tools::RegisterSimCommands(app, &run);
   hlem::tools::RegisterTrainCommands(app, &run);
+  hlem::tools::RegisterEvalCommands(app, &run);
   CLI11_PARSE(app, argc, argv);
   if (auto s = hlem::InitLogging({.level = "warn"}); !s.ok()) return 2;
   return run ? run() : 2;

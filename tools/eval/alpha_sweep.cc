@@ -1,0 +1,266 @@
+// Experiment 2 of issue 8, the α sweep: P99 against a static α for each regime and for long and
+// short histories — is there an interior optimum, and how far does it move?
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "common/status_macros.h"
+#include "tools/eval/eval.h"
+#include "tools/eval/experiments.h"
+#include "tools/sim_runner.h"
+
+namespace hlem::eval {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Series {
+  sim::Regime regime;
+  std::string history;  // "long", "short"
+  double history_scale;
+  std::string Name() const { return absl::StrCat(sim::RegimeName(regime), " ", history); }
+};
+
+// One twin run's figures (a CSV row without the series columns).
+struct Point {
+  double alpha = 0;
+  uint64_t requests = 0, ok = 0;
+  double p50_ms = 0, p99_ms = 0, slo = 0, kv_reuse = 0, emb_hit = 0, reward = 0, wall_s = 0;
+};
+
+constexpr char kPointColumns[] =
+    "alpha,requests,ok,p50_ms,p99_ms,slo_satisfaction,kv_reuse,emb_hit_rate,reward,wall_s";
+
+std::string FormatPoint(const Point& p) {
+  return absl::StrFormat("%.2f,%d,%d,%.3f,%.3f,%.5f,%.4f,%.4f,%.5f,%.1f", p.alpha, p.requests, p.ok,
+                         p.p50_ms, p.p99_ms, p.slo, p.kv_reuse, p.emb_hit, p.reward, p.wall_s);
+}
+
+absl::StatusOr<Point> ParsePoint(const std::string& row) {
+  std::vector<std::string> f = absl::StrSplit(row, ',');
+  Point p;
+  if (f.size() != 10 || !absl::SimpleAtod(f[0], &p.alpha) || !absl::SimpleAtoi(f[1], &p.requests) ||
+      !absl::SimpleAtoi(f[2], &p.ok) || !absl::SimpleAtod(f[3], &p.p50_ms) ||
+      !absl::SimpleAtod(f[4], &p.p99_ms) || !absl::SimpleAtod(f[5], &p.slo) ||
+      !absl::SimpleAtod(f[6], &p.kv_reuse) || !absl::SimpleAtod(f[7], &p.emb_hit) ||
+      !absl::SimpleAtod(f[8], &p.reward) || !absl::SimpleAtod(f[9], &p.wall_s)) {
+    return absl::InternalError(absl::StrCat("a run's row does not parse: ", row));
+  }
+  return p;
+}
+
+tools::SimSetupOptions SetupFor(const EvalOptions& o, const Profile& p, const std::string& trace,
+                                double alpha) {
+  const fs::path repo(o.repo);
+  return {.trace = trace,
+          .node_config = (repo / p.node_config).string(),
+          .costs = (repo / p.costs).string(),
+          .nodes = p.nodes,
+          .emb_sample = p.emb_sample,
+          .controller = {.name = "static", .alpha = alpha},
+          .warmup_s = p.warmup_s};
+}
+
+absl::StatusOr<Point> RunPoint(const tools::SimSetupOptions& options, double alpha) {
+  ASSIGN_OR_RETURN(const tools::SimSetup setup, tools::PrepareSim(options));
+  ASSIGN_OR_RETURN(const tools::SimRunResult r, tools::RunOnce(setup, alpha));
+  const loadgen::Summary& s = r.report.overall;
+  double hits = 0, rows = 0;
+  for (const loadgen::Outcome& o : r.outcomes) {
+    if (o.scheduled_ns < setup.warmup_ns) continue;
+    hits += static_cast<double>(o.emb_hits);
+    rows += static_cast<double>(o.emb_hits + o.emb_misses);
+  }
+  return Point{.alpha = alpha,
+               .requests = s.requests,
+               .ok = s.ok,
+               .p50_ms = s.p50_ms,
+               .p99_ms = s.p99_ms,
+               .slo = s.slo_satisfaction,
+               .kv_reuse = s.kv_reuse,
+               .emb_hit = rows > 0 ? hits / rows : 0,
+               .reward = tools::RunReward(s, setup.slo_ms),
+               .wall_s = r.stats.wall_seconds};
+}
+
+// Mean over seeds of each α's figures, per series.
+struct Curve {
+  Series series;
+  std::vector<Point> mean;  // by α
+  std::vector<double> p99_min, p99_max;
+};
+
+size_t Best(const Curve& c) {
+  size_t best = 0;
+  for (size_t i = 1; i < c.mean.size(); ++i) {
+    const Point &a = c.mean[i], &b = c.mean[best];
+    if (a.reward > b.reward + 1e-9 || (a.reward > b.reward - 1e-9 && a.p99_ms < b.p99_ms)) {
+      best = i;
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+absl::Status AlphaSweep(const EvalOptions& o, const Profile& p, Stamp& stamp) {
+  std::vector<double> alphas;
+  if (o.quick) {
+    alphas = {0.2, 0.5, 0.8};
+  } else {
+    for (int i = 0; i <= 10; ++i) alphas.push_back(i * 0.1);
+  }
+  ASSIGN_OR_RETURN(const sim::WorkloadConfig workload, LoadWorkload(o, p));
+  const double long_scale = workload.history_scale;
+  std::vector<Series> series;
+  for (sim::Regime regime : {sim::Regime::kSteady, sim::Regime::kTrend, sim::Regime::kBurst}) {
+    series.push_back({regime, "long", long_scale});
+    series.push_back({regime, "short", long_scale * 0.2});
+  }
+
+  // The traces (one per series and seed), then a run per trace and α.
+  std::vector<Task> trace_tasks;
+  for (const Series& s : series) {
+    for (uint64_t seed : o.seeds) {
+      trace_tasks.push_back([&o, &p, s, seed]() {
+        return MakeTrace(o, p,
+                         {.regime = s.regime, .seed = seed, .history_scale = s.history_scale});
+      });
+    }
+  }
+  ASSIGN_OR_RETURN(const std::vector<std::string> traces,
+                   RunParallel(trace_tasks, o.jobs, o.work_dir));
+  {
+    ASSIGN_OR_RETURN(const tools::SimSetup setup,
+                     tools::PrepareSim(SetupFor(o, p, traces.front(), 0)));
+    stamp.device = setup.twin.costs.device;
+  }
+  std::vector<Task> runs;
+  for (const std::string& trace : traces) {
+    for (double alpha : alphas) {
+      const tools::SimSetupOptions options = SetupFor(o, p, trace, alpha);
+      runs.push_back([options, alpha]() -> absl::StatusOr<std::string> {
+        ASSIGN_OR_RETURN(const Point point, RunPoint(options, alpha));
+        return FormatPoint(point);
+      });
+    }
+  }
+  std::fprintf(stderr, "  %zu traces, %zu twin runs, %u at a time\n", traces.size(), runs.size(),
+               o.jobs);
+  const auto start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(const std::vector<std::string> rows, RunParallel(runs, o.jobs, o.work_dir));
+  stamp.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  // rows[(series · seeds + seed) · alphas + a]
+  std::string csv = absl::StrCat(stamp.CsvComment(), "regime,history,seed,", kPointColumns, "\n");
+  std::vector<Curve> curves;
+  const size_t S = o.seeds.size(), A = alphas.size();
+  for (size_t si = 0; si < series.size(); ++si) {
+    Curve c{.series = series[si]};
+    c.mean.resize(A);
+    c.p99_min.assign(A, 1e300);
+    c.p99_max.assign(A, 0);
+    for (size_t k = 0; k < S; ++k) {
+      for (size_t a = 0; a < A; ++a) {
+        const std::string& row = rows[(si * S + k) * A + a];
+        ASSIGN_OR_RETURN(const Point pt, ParsePoint(row));
+        absl::StrAppend(&csv, sim::RegimeName(series[si].regime), ",", series[si].history, ",",
+                        o.seeds[k], ",", row, "\n");
+        Point& m = c.mean[a];
+        m.alpha = pt.alpha;
+        m.requests += pt.requests;
+        m.ok += pt.ok;
+        const double w = 1.0 / static_cast<double>(S);
+        m.p50_ms += w * pt.p50_ms;
+        m.p99_ms += w * pt.p99_ms;
+        m.slo += w * pt.slo;
+        m.kv_reuse += w * pt.kv_reuse;
+        m.emb_hit += w * pt.emb_hit;
+        m.reward += w * pt.reward;
+        m.wall_s += pt.wall_s;
+        c.p99_min[a] = std::min(c.p99_min[a], pt.p99_ms);
+        c.p99_max[a] = std::max(c.p99_max[a], pt.p99_ms);
+      }
+    }
+    curves.push_back(std::move(c));
+  }
+
+  // The Markdown page: P99 by α and series, then each series' optimum.
+  std::string md = absl::StrCat(
+      "# α sweep (experiment 2)\n\n", stamp.Markdown(),
+      "\nP99 (ms) of OK answers at each static α (share of the HBM pool for embeddings), mean over "
+      "the seeds; **bold**: the column's best α by the reward of ARCHITECTURE §3 (SLO fraction − "
+      "max(0, P99 − SLO) ÷ SLO), ties by P99. *long*: the profile's histories; *short*: ×0.2.\n\n| "
+      "α |");
+  for (const Curve& c : curves) absl::StrAppend(&md, " ", c.series.Name(), " |");
+  absl::StrAppend(&md, "\n|---|");
+  for (size_t i = 0; i < curves.size(); ++i) absl::StrAppend(&md, "---|");
+  absl::StrAppend(&md, "\n");
+  std::vector<size_t> best;
+  for (const Curve& c : curves) best.push_back(Best(c));
+  for (size_t a = 0; a < A; ++a) {
+    absl::StrAppendFormat(&md, "| %.2f |", alphas[a]);
+    for (size_t i = 0; i < curves.size(); ++i) {
+      const Point& pt = curves[i].mean[a];
+      if (S > 1) {
+        absl::StrAppendFormat(&md, best[i] == a ? " **%.2f** (%.2f–%.2f) |" : " %.2f (%.2f–%.2f) |",
+                              pt.p99_ms, curves[i].p99_min[a], curves[i].p99_max[a]);
+      } else {
+        absl::StrAppendFormat(&md, best[i] == a ? " **%.2f** |" : " %.2f |", pt.p99_ms);
+      }
+    }
+    absl::StrAppend(&md, "\n");
+  }
+  absl::StrAppend(&md, "\n| series | best α | P99 there (ms) | SLO there | P99 at α ",
+                  alphas.front(), " | P99 at α ", alphas.back(),
+                  " | worst P99 ÷ best | interior optimum |\n|---|---|---|---|---|---|---|---|\n");
+  for (size_t i = 0; i < curves.size(); ++i) {
+    const Curve& c = curves[i];
+    const Point& b = c.mean[best[i]];
+    double worst = 0;
+    for (const Point& pt : c.mean) worst = std::max(worst, pt.p99_ms);
+    absl::StrAppendFormat(&md, "| %s | %.2f | %.2f | %.2f %% | %.2f | %.2f | %.2f | %s |\n",
+                          c.series.Name(), b.alpha, b.p99_ms, 100 * b.slo, c.mean.front().p99_ms,
+                          c.mean.back().p99_ms, b.p99_ms > 0 ? worst / b.p99_ms : 0,
+                          best[i] > 0 && best[i] + 1 < A ? "yes" : "no (a grid end)");
+  }
+  absl::StrAppend(&md, "\nFiles: `alpha-sweep.csv` (every run, each seed), `alpha-sweep.png`.\n");
+
+  // The plot: P99 against α, a line per series.
+  const fs::path data = fs::path(o.work_dir) / "plots" / "alpha-sweep.dat";
+  std::string dat;
+  for (const Curve& c : curves) {
+    absl::StrAppend(&dat, "# ", c.series.Name(), "\n");
+    for (const Point& pt : c.mean) absl::StrAppendFormat(&dat, "%.2f %.4f\n", pt.alpha, pt.p99_ms);
+    absl::StrAppend(&dat, "\n\n");
+  }
+  std::string script = absl::StrFormat(
+      "set title 'P99 against a static α — %s profile (%s)'\nset xlabel 'α (EMB share of the "
+      "HBM pool)'\nset ylabel 'P99 (ms)'\nset grid\nset key outside right\nplot ",
+      p.name, stamp.commit);
+  for (size_t i = 0; i < curves.size(); ++i) {
+    absl::StrAppendFormat(&script, "%s'%s' index %d using 1:2 with linespoints title '%s'",
+                          i == 0 ? "" : ", ", data.string(), i, curves[i].series.Name());
+  }
+  absl::StrAppend(&script, "\n");
+  {
+    std::error_code ec;
+    fs::create_directories(data.parent_path(), ec);
+    std::ofstream(data) << dat;
+  }
+  RETURN_IF_ERROR(WriteOutput(o, "alpha-sweep.csv", csv));
+  RETURN_IF_ERROR(WriteOutput(o, "alpha-sweep.md", md));
+  return Plot(script, (fs::path(o.out_dir) / "alpha-sweep.png").string(), o.work_dir);
+}
+
+}  // namespace hlem::eval

@@ -1,0 +1,325 @@
+#include "tools/eval/eval.h"
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "common/rng.h"
+#include "common/status_macros.h"
+#include "sim/workload/trace.h"
+#include "tools/eval/experiments.h"
+
+extern char** environ;
+
+namespace hlem::eval {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Runs argv[0] (PATH searched) and returns its exit status (-1 when it could not start); its
+// stdout into *out when given.
+int RunCommand(const std::vector<std::string>& args, std::string* out = nullptr) {
+  std::vector<char*> argv;
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  int fds[2] = {-1, -1};
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  if (out != nullptr) {
+    if (pipe(fds) != 0) return -1;
+    posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+    posix_spawn_file_actions_addclose(&actions, fds[0]);
+  } else {
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+  }
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
+  pid_t pid = 0;
+  const int spawned = posix_spawnp(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (out != nullptr) {
+    close(fds[1]);
+    if (spawned == 0) {
+      std::array<char, 4096> buf;
+      ssize_t n;
+      while ((n = read(fds[0], buf.data(), buf.size())) > 0) out->append(buf.data(), n);
+    }
+    close(fds[0]);
+  }
+  if (spawned != 0) return -1;
+  int status = 0;
+  if (waitpid(pid, &status, 0) < 0) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+std::string Git(const std::string& repo, std::vector<std::string> args) {
+  args.insert(args.begin(), {"git", "-C", repo});
+  std::string out;
+  if (RunCommand(args, &out) != 0) return "unknown";
+  out = std::string(absl::StripAsciiWhitespace(out));
+  return out.empty() ? "unknown" : out;
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+absl::Status WriteFileAtomically(const fs::path& path, const std::string& body) {
+  std::error_code ec;
+  fs::create_directories(path.parent_path(), ec);
+  const fs::path tmp = path.string() + ".tmp" + std::to_string(getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << body;
+    if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", tmp.string()));
+  }
+  fs::rename(tmp, path, ec);
+  if (ec) return absl::UnavailableError(absl::StrCat("cannot write ", path.string()));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Profile> FindProfile(const std::string& name, bool quick) {
+  Profile p;
+  if (name == "paper") {
+    p = {.name = "paper",
+         .node_config = "sim/profiles/paper/node.yaml",
+         .costs = "sim/costs/a100-published.yaml",
+         .workload = "sim/profiles/paper/workload.yaml",
+         .nodes = 8,
+         .emb_sample = 256,
+         .rate_per_node = 40,
+         .duration_s = 180,
+         .warmup_s = 30,
+         .note =
+             "simulated: 8 of the paper's 256 A100-80GB serving nodes at 40 requests/s each; "
+             "the device's costs are published figures, not measurements"};
+    if (quick) {
+      p.duration_s = 20;
+      p.warmup_s = 5;
+      p.rate_per_node = 10;
+    }
+  } else if (name == "local") {
+    p = {.name = "local",
+         .node_config = "deploy/local/node.yaml",
+         .costs = "sim/costs/cpu-local-cluster.yaml",
+         .workload = "deploy/local/workload.yaml",
+         .nodes = 4,
+         .emb_sample = 1,
+         .rate_per_node = 10,
+         .duration_s = 180,
+         .warmup_s = 30,
+         .note = "simulated: the local cluster's 4 CPU serving nodes, costs fitted to its runs"};
+    if (quick) {
+      p.duration_s = 20;
+      p.warmup_s = 5;
+    }
+  } else {
+    return absl::NotFoundError(
+        absl::StrCat("--profile: no profile '", name, "' (known: paper, local)"));
+  }
+  if (quick) p.note += " (quick: short traces, coarse grids)";
+  return p;
+}
+
+std::string Stamp::Markdown() const {
+  return absl::StrFormat(
+      "> Profile: %s. Commit %s; seeds %s; device: %s; cost model at commit %s; wall time %.0f "
+      "s.\n",
+      profile_line, commit, seeds, device, costs_commit, wall_s);
+}
+
+std::string Stamp::CsvComment() const {
+  return absl::StrFormat(
+      "# profile: %s\n# commit: %s\n# seeds: %s\n# device: %s\n# cost model commit: %s\n# wall "
+      "time: %.0f s\n",
+      profile_line, commit, seeds, device, costs_commit, wall_s);
+}
+
+absl::StatusOr<sim::WorkloadConfig> LoadWorkload(const EvalOptions& options,
+                                                 const Profile& profile) {
+  ASSIGN_OR_RETURN(const std::string yaml,
+                   ReadFile((fs::path(options.repo) / profile.workload).string()));
+  absl::StatusOr<sim::WorkloadConfig> parsed = sim::ParseWorkloadConfig(yaml);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(profile.workload, ": ", parsed.status().message()));
+  }
+  return parsed;
+}
+
+absl::StatusOr<std::string> MakeTrace(const EvalOptions& options, const Profile& profile,
+                                      const TraceSpec& spec) {
+  ASSIGN_OR_RETURN(sim::WorkloadConfig c, LoadWorkload(options, profile));
+  c.seed = spec.seed;
+  c.rate = profile.rate_per_node * profile.nodes;
+  if (spec.history_scale > 0) c.history_scale = spec.history_scale;
+  // One phase of the regime (ARCHITECTURE §8): steady at 0.2, trend 0.2 → 0.5, bursts to 0.5 of
+  // 3–5 windows, one a minute on average so that a 3-minute trace holds some.
+  c.phases = {sim::Phase{.regime = spec.regime,
+                         .duration = absl::Seconds(profile.duration_s),
+                         .hot_ratio = 0.2,
+                         .hot_ratio_end = 0.5,
+                         .burst_ratio = 0.5,
+                         .bursts_per_hour = 60,
+                         .burst_min_windows = 3,
+                         .burst_max_windows = 5}};
+  const std::string canonical = sim::WorkloadConfigYaml(c);
+  const fs::path path =
+      fs::path(options.work_dir) / "traces" /
+      absl::StrFormat("%s-%s-seed%d-%016x.trace", profile.name, sim::RegimeName(spec.regime),
+                      spec.seed, NameHash(canonical));
+  if (fs::exists(path)) return path.string();
+  ASSIGN_OR_RETURN(std::unique_ptr<sim::WorkloadGenerator> generator,
+                   sim::WorkloadGenerator::Create(c));
+  std::error_code ec;
+  fs::create_directories(path.parent_path(), ec);
+  const std::string tmp = path.string() + ".tmp" + std::to_string(getpid());
+  ASSIGN_OR_RETURN(const uint64_t written, sim::WriteTrace(*generator, tmp));
+  (void)written;
+  fs::rename(tmp, path, ec);
+  if (ec) return absl::UnavailableError(absl::StrCat("cannot write ", path.string()));
+  return path.string();
+}
+
+absl::StatusOr<std::vector<std::string>> RunParallel(const std::vector<Task>& tasks, uint32_t jobs,
+                                                     const std::string& work_dir) {
+  if (jobs == 0) return absl::InvalidArgumentError("--jobs: must be >= 1");
+  const fs::path dir = fs::path(work_dir) / "tasks";
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  const pid_t parent = getpid();  // the children name their files after it too
+  auto file_of = [&](size_t i) {
+    return (dir / absl::StrCat("task-", parent, "-", i, ".out")).string();
+  };
+  std::map<pid_t, size_t> running;
+  std::vector<std::string> outputs(tasks.size());
+  absl::Status first_error;
+  size_t next = 0;
+  auto finish_one = [&]() {
+    int status = 0;
+    const pid_t pid = waitpid(-1, &status, 0);
+    auto it = running.find(pid);
+    if (it == running.end()) return;
+    const size_t i = it->second;
+    running.erase(it);
+    absl::StatusOr<std::string> body = ReadFile(file_of(i));
+    fs::remove(file_of(i), ec);
+    absl::Status st;
+    if (!WIFEXITED(status)) {
+      st = absl::InternalError(absl::StrCat("run ", i, " died (signal ", WTERMSIG(status), ")"));
+    } else if (!body.ok()) {
+      st = absl::InternalError(absl::StrCat("run ", i, " left no output"));
+    } else if (WEXITSTATUS(status) != 0) {
+      st = absl::InternalError(absl::StrCat("run ", i, ": ", *body));
+    } else {
+      outputs[i] = std::move(*body);
+    }
+    if (!st.ok() && first_error.ok()) first_error = st;
+  };
+  while (next < tasks.size() || !running.empty()) {
+    if (next < tasks.size() && running.size() < jobs && first_error.ok()) {
+      std::fflush(nullptr);  // a child must not flush the parent's buffered output again
+      const pid_t pid = fork();
+      if (pid < 0) {
+        first_error = absl::InternalError("fork failed");
+        continue;
+      }
+      if (pid == 0) {
+        absl::StatusOr<std::string> out = tasks[next]();
+        const bool ok = out.ok() && WriteFileAtomically(file_of(next), *out).ok();
+        if (!out.ok()) (void)WriteFileAtomically(file_of(next), out.status().ToString());
+        std::fflush(nullptr);
+        _exit(ok ? 0 : 1);
+      }
+      running[pid] = next++;
+      continue;
+    }
+    if (running.empty()) break;  // an error stopped new tasks and the last one finished
+    finish_one();
+  }
+  if (!first_error.ok()) return first_error;
+  return outputs;
+}
+
+absl::Status Plot(const std::string& script, const std::string& png, const std::string& work_dir) {
+  if (RunCommand({"gnuplot", "--version"}) != 0) {
+    return absl::FailedPreconditionError(
+        "gnuplot is not installed (Debian: gnuplot-nox; scripts/install-deps.sh installs it)");
+  }
+  const fs::path gp = fs::path(work_dir) / "plots" / (fs::path(png).stem().string() + ".gp");
+  RETURN_IF_ERROR(WriteFileAtomically(
+      gp, absl::StrCat("set terminal pngcairo size 1000,600 font ',11'\nset output '", png, "'\n",
+                       script)));
+  std::error_code ec;
+  fs::create_directories(fs::path(png).parent_path(), ec);
+  if (const int rc = RunCommand({"gnuplot", gp.string()}); rc != 0) {
+    return absl::InternalError(absl::StrCat("gnuplot ", gp.string(), " failed (exit ", rc, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteOutput(const EvalOptions& options, const std::string& name,
+                         const std::string& body) {
+  return WriteFileAtomically(fs::path(options.out_dir) / name, body);
+}
+
+const std::vector<Experiment>& Experiments() {
+  static const std::vector<Experiment>* experiments = new std::vector<Experiment>{
+      {.name = "alpha-sweep",
+       .summary = "P99 against a static α per regime, long and short histories (experiment 2)",
+       .run = AlphaSweep},
+  };
+  return *experiments;
+}
+
+absl::Status RunExperiment(const std::string& name, const EvalOptions& options) {
+  ASSIGN_OR_RETURN(const Profile profile, FindProfile(options.profile, options.quick));
+  if (options.seeds.empty()) return absl::InvalidArgumentError("--seeds: give at least one");
+  std::vector<const Experiment*> chosen;
+  std::vector<std::string> known;
+  for (const Experiment& e : Experiments()) {
+    known.push_back(e.name);
+    if (name == "all" || e.name == name) chosen.push_back(&e);
+  }
+  if (chosen.empty()) {
+    return absl::NotFoundError(
+        absl::StrCat("no experiment '", name, "' (known: all, ", absl::StrJoin(known, ", "), ")"));
+  }
+  for (const Experiment* e : chosen) {
+    Stamp stamp;
+    stamp.commit = Git(options.repo, {"describe", "--always", "--dirty"});
+    stamp.costs_commit = Git(options.repo, {"log", "-1", "--format=%h", "--", profile.costs});
+    stamp.seeds = absl::StrJoin(options.seeds, ", ");
+    stamp.profile_line = absl::StrFormat(
+        "%s (%s; %d nodes, %.0f requests/s per node, %.0f s "
+        "traces, the first %.0f s left out)",
+        profile.name, profile.note, profile.nodes, profile.rate_per_node, profile.duration_s,
+        profile.warmup_s);
+    std::fprintf(stderr, "hlem eval %s: %s\n", e->name.c_str(), e->summary.c_str());
+    const auto start = std::chrono::steady_clock::now();
+    RETURN_IF_ERROR(e->run(options, profile, stamp));
+    std::fprintf(stderr, "hlem eval %s: done in %.0f s; %s/%s.{csv,md,png}\n", e->name.c_str(),
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                 options.out_dir.c_str(), e->name.c_str());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace hlem::eval

@@ -1,0 +1,101 @@
+#pragma once
+// `hlem eval`: the experiments of the evaluation (issue 8; ARCHITECTURE §8), run in the digital
+// twin and written to an output folder (docs/results/ by default) as a CSV, a Markdown table and
+// a PNG plot each, every file stamped with the commit, seeds, profile, device, cost-model file and
+// wall time. The twin runs of an experiment are independent: they run in child processes, `jobs`
+// at a time (fork; the twin is single-threaded and deterministic, so the results do not depend on
+// the number of jobs).
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "sim/workload/workload.h"
+
+namespace hlem::eval {
+
+// Where and how an experiment runs in the twin.
+struct Profile {
+  std::string name;           // "paper", "local"
+  std::string node_config;    // the nodes' YAML
+  std::string costs;          // sim/costs/*.yaml
+  std::string workload;       // the workload YAML (rates, histories; phases are the experiment's)
+  uint32_t nodes = 4;         // serving nodes simulated
+  uint32_t emb_sample = 1;    // --emb-sample
+  double rate_per_node = 10;  // requests/s per node
+  double duration_s = 180;    // per trace (one regime)
+  double warmup_s = 30;       // left out of the figures
+  std::string note;           // one line on what the profile stands for, printed with results
+};
+
+// The built-in profiles: `paper` (sim/profiles/paper, published A100 costs; 8 of the 256 nodes at
+// a realistic load, docs/results/README.md) and `local` (deploy/local, the fitted CPU costs).
+// `quick` shortens the traces and the grids (smoke runs, CI). NOT_FOUND names the known ones.
+absl::StatusOr<Profile> FindProfile(const std::string& name, bool quick);
+
+struct EvalOptions {
+  std::string profile = "paper";
+  std::string out_dir = "docs/results";
+  std::string work_dir = "out/eval";  // traces and per-run files (reused when present)
+  std::vector<uint64_t> seeds = {101};
+  uint32_t jobs = 2;
+  bool quick = false;
+  std::string repo = ".";  // for the commit stamp (git); the configs' paths are relative to it
+};
+
+// What every output file says about how it was made.
+struct Stamp {
+  std::string commit;        // git describe of `repo` (+dirty), or "unknown"
+  std::string costs_commit;  // the last commit that changed the cost-model file
+  std::string device;        // the cost model's device line
+  std::string profile_line;  // profile, nodes, load, note
+  std::string seeds;
+  double wall_s = 0;
+  std::string Markdown() const;    // a short block for the top of a results page
+  std::string CsvComment() const;  // "# ..." lines for the top of a CSV
+};
+
+// The profile's workload config (its YAML under `repo`).
+absl::StatusOr<sim::WorkloadConfig> LoadWorkload(const EvalOptions& options,
+                                                 const Profile& profile);
+
+// A trace of one regime, generated once into work_dir/traces/ (the file name holds every
+// parameter, so a cached one is reused only when it is the same workload).
+struct TraceSpec {
+  sim::Regime regime = sim::Regime::kSteady;
+  uint64_t seed = 101;
+  double history_scale = 0;  // 0: the profile's
+};
+absl::StatusOr<std::string> MakeTrace(const EvalOptions& options, const Profile& profile,
+                                      const TraceSpec& spec);
+
+// Runs `tasks` in child processes, `jobs` at a time; returns each task's output in task order.
+// A task that fails (non-OK status, a crash, a signal) fails the whole call with its index and
+// message, after the tasks in flight have finished.
+using Task = std::function<absl::StatusOr<std::string>()>;
+absl::StatusOr<std::vector<std::string>> RunParallel(const std::vector<Task>& tasks, uint32_t jobs,
+                                                     const std::string& work_dir);
+
+// Renders `script` (gnuplot, reading data files it names) into `png` with gnuplot-nox
+// (scripts/install-deps.sh installs it); FAILED_PRECONDITION when gnuplot is not installed.
+absl::Status Plot(const std::string& script, const std::string& png, const std::string& work_dir);
+
+// Writes `body` to out_dir/name (creating the folder).
+absl::Status WriteOutput(const EvalOptions& options, const std::string& name,
+                         const std::string& body);
+
+// One experiment: its files are out_dir/<name>.{csv,md,png}.
+struct Experiment {
+  std::string name;
+  std::string summary;
+  std::function<absl::Status(const EvalOptions&, const Profile&, Stamp&)> run;
+};
+const std::vector<Experiment>& Experiments();
+
+// Runs the named experiment ("all": each in turn); progress on stderr.
+absl::Status RunExperiment(const std::string& name, const EvalOptions& options);
+
+}  // namespace hlem::eval

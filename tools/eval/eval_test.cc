@@ -1,0 +1,124 @@
+#include "tools/eval/eval.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace hlem::eval {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+std::string Read(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+class EvalTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) / ("hlem_eval_" + std::to_string(getpid()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path dir_;
+};
+
+TEST_F(EvalTest, RunParallelKeepsTaskOrderAndReportsFailures) {
+  std::vector<Task> tasks;
+  for (int i = 0; i < 7; ++i) {
+    tasks.push_back([i]() -> absl::StatusOr<std::string> { return std::to_string(i * i); });
+  }
+  auto out = RunParallel(tasks, 3, dir_.string());
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_THAT(*out, ::testing::ElementsAre("0", "1", "4", "9", "16", "25", "36"));
+
+  tasks[4] = []() -> absl::StatusOr<std::string> { return absl::InternalError("no room"); };
+  auto failed = RunParallel(tasks, 2, dir_.string());
+  EXPECT_THAT(std::string(failed.status().message()), HasSubstr("run 4"));
+  EXPECT_THAT(std::string(failed.status().message()), HasSubstr("no room"));
+
+  tasks[4] = []() -> absl::StatusOr<std::string> { std::abort(); };
+  EXPECT_THAT(std::string(RunParallel(tasks, 2, dir_.string()).status().message()),
+              HasSubstr("died"));
+  EXPECT_EQ(RunParallel(tasks, 0, dir_.string()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(EvalTest, UnknownNamesAreErrorsThatListTheKnownOnes) {
+  EvalOptions o{.profile = "mars", .out_dir = dir_.string(), .repo = HLEM_SOURCE_DIR};
+  EXPECT_THAT(std::string(RunExperiment("alpha-sweep", o).message()), HasSubstr("paper, local"));
+  o.profile = "local";
+  const absl::Status st = RunExperiment("nope", o);
+  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("alpha-sweep"));
+}
+
+// The smoke version of experiment 2: every output produced and well-formed.
+TEST_F(EvalTest, AlphaSweepQuickWritesItsCsvTableAndPlot) {
+  const EvalOptions o{.profile = "local",
+                      .out_dir = (dir_ / "results").string(),
+                      .work_dir = (dir_ / "work").string(),
+                      .seeds = {7},
+                      .jobs = 2,
+                      .quick = true,
+                      .repo = HLEM_SOURCE_DIR};
+  const absl::Status st = RunExperiment("alpha-sweep", o);
+  const bool gnuplot = std::system("gnuplot --version > /dev/null 2>&1") == 0;
+  if (!gnuplot) {
+    // Everything but the plot is written, and the error says what to install.
+    EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(std::string(st.message()), HasSubstr("gnuplot-nox"));
+  } else {
+    ASSERT_TRUE(st.ok()) << st;
+    const std::string png = Read(dir_ / "results" / "alpha-sweep.png");
+    ASSERT_GT(png.size(), 1000u);
+    EXPECT_EQ(png.substr(1, 3), "PNG");
+  }
+  // CSV: the stamp, a header, 3 regimes × 2 history lengths × 3 αs rows of 13 fields.
+  const std::string csv = Read(dir_ / "results" / "alpha-sweep.csv");
+  EXPECT_THAT(csv, HasSubstr("# commit: "));
+  EXPECT_THAT(csv, HasSubstr("# profile: local"));
+  int rows = 0;
+  for (absl::string_view line : absl::StrSplit(csv, '\n', absl::SkipEmpty())) {
+    if (line.front() == '#' || absl::StartsWith(line, "regime,")) continue;
+    ++rows;
+    const std::vector<std::string> f = absl::StrSplit(line, ',');
+    ASSERT_EQ(f.size(), 13u) << line;
+    EXPECT_THAT(f[0], ::testing::AnyOf("steady", "trend", "burst"));
+    EXPECT_GT(std::stod(f[4]), 0) << "requests";
+    EXPECT_EQ(f[4], f[5]) << "every request answered OK: " << line;
+    EXPECT_GT(std::stod(f[7]), 0) << "P99";
+  }
+  EXPECT_EQ(rows, 18);
+  // The table: a column per series, a row per α, one bold best per column, the stamp.
+  const std::string md = Read(dir_ / "results" / "alpha-sweep.md");
+  EXPECT_THAT(md, HasSubstr("Profile: local"));
+  EXPECT_THAT(md, HasSubstr("| α | steady long | steady short | trend long | trend short | burst "
+                            "long | burst short |"));
+  EXPECT_THAT(md, HasSubstr("| 0.50 |"));
+  int bold = 0;  // in the α rows
+  for (absl::string_view line : absl::StrSplit(md, '\n')) {
+    if (!absl::StartsWith(line, "| 0.")) continue;
+    for (size_t at = line.find("**"); at != absl::string_view::npos; at = line.find("**", at + 2)) {
+      ++bold;
+    }
+  }
+  EXPECT_EQ(bold, 2 * 6);
+  // One trace per series, kept for the next run.
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir_ / "work" / "traces"), {}), 6);
+}
+
+}  // namespace
+}  // namespace hlem::eval

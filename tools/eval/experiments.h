@@ -1,0 +1,12 @@
+#pragma once
+// The experiments of `hlem eval` (eval.h), one function each, in their own files.
+
+#include "absl/status/status.h"
+#include "tools/eval/eval.h"
+
+namespace hlem::eval {
+
+// Experiment 2: P99 against a static α per regime, long and short histories (alpha_sweep.cc).
+absl::Status AlphaSweep(const EvalOptions& options, const Profile& profile, Stamp& stamp);
+
+}  // namespace hlem::eval

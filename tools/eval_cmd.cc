@@ -1,0 +1,47 @@
+// `hlem eval <experiment|all>`: the evaluation's experiments in the digital twin
+// (tools/eval/eval.h), each writing <out>/<experiment>.{csv,md,png}.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "tools/commands.h"
+#include "tools/eval/eval.h"
+
+namespace hlem::tools {
+
+void RegisterEvalCommands(CLI::App& app, Run* run) {
+  auto experiment = std::make_shared<std::string>();
+  auto options = std::make_shared<eval::EvalOptions>();
+  std::vector<std::string> names = {"all"};
+  for (const eval::Experiment& e : eval::Experiments()) names.push_back(e.name);
+  std::string help = "run an experiment of the evaluation in the digital twin:";
+  for (const eval::Experiment& e : eval::Experiments()) {
+    absl::StrAppend(&help, "\n  ", e.name, ": ", e.summary);
+  }
+  CLI::App* cmd = app.add_subcommand("eval", help);
+  cmd->add_option("experiment", *experiment, absl::StrCat(absl::StrJoin(names, ", ")))
+      ->required()
+      ->check(CLI::IsMember(names));
+  cmd->add_option("--profile", options->profile, "paper or local (simulated; tools/eval/eval.cc)")
+      ->check(CLI::IsMember({"paper", "local"}));
+  cmd->add_option("--out", options->out_dir, "results folder (docs/results)");
+  cmd->add_option("--work", options->work_dir, "traces and scratch files, reused (out/eval)");
+  cmd->add_option("--seeds", options->seeds, "workload seeds, one trace per regime each (101)")
+      ->delimiter(',');
+  cmd->add_option("--jobs", options->jobs, "twin runs at a time (processes)")
+      ->check(CLI::Range(1u, 256u));
+  cmd->add_flag("--quick", options->quick, "short traces and coarse grids (a smoke run)");
+  cmd->add_option("--repo", options->repo,
+                  "the checkout the configs are read from and the commit is stamped from (.)");
+  cmd->callback([=] {
+    *run = [=] {
+      const absl::Status st = eval::RunExperiment(*experiment, *options);
+      return st.ok() ? 0 : Fail("eval", *experiment, st);
+    };
+  });
+}
+
+}  // namespace hlem::tools
