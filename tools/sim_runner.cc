@@ -162,6 +162,21 @@ absl::StatusOr<SimRunResult> RunOnce(const SimSetup& s, double alpha) {
         c->calibrated ? "calibrated" : "configured: too few answers", c->c_kv * 1e3, c->c_emb * 1e3,
         c->c_load * 1e3);
   }
+  double answered = 0, hits = 0, rows = 0;
+  for (const sim::TwinOutcome& o : (*twin)->outcomes()) {
+    if (o.code == absl::StatusCode::kOk && o.sent_ns >= s.warmup_ns) {
+      answered += 1;
+      result.kv_given_up += o.best_h_kv >= 1 && o.h_kv < 1;
+      result.emb_given_up += o.best_h_emb - o.h_emb;
+      hits += static_cast<double>(o.emb_hits);
+      rows += static_cast<double>(o.emb_hits + o.emb_misses);
+    }
+  }
+  if (answered > 0) {
+    result.kv_given_up /= answered;
+    result.emb_given_up /= answered;
+  }
+  result.emb_hit_rate = rows > 0 ? hits / rows : 0;
   for (const sim::TwinOutcome& o : (*twin)->outcomes()) {
     result.outcomes.push_back({.index = o.index,
                                .scheduled_ns = o.sent_ns,

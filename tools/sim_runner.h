@@ -64,6 +64,10 @@ struct SimRunResult {
   sim::TwinStats stats;
   std::string nodes;  // a line per node: its caches and link over the whole run
   std::vector<sim::ControlRecord> decisions;  // under a controller
+  // Locality the router gave up (OK answers after the warm-up): the share of them that had a
+  // node with the user's K/V and went elsewhere, and the mean of best h_emb − the chosen node's.
+  double kv_given_up = 0, emb_given_up = 0;
+  double emb_hit_rate = 0;  // EMB rows hit ÷ looked up, OK answers after the warm-up
 };
 
 // The whole trace through a twin starting at α: static, or under the setup's controller (one per

@@ -180,6 +180,8 @@ void Twin::Dispatch(std::shared_ptr<Request> r, int attempt) {
   r->outcome.node = n;
   r->outcome.h_kv = route.decision.h_kv;
   r->outcome.h_emb = route.decision.h_emb;
+  r->outcome.best_h_kv = route.decision.best_h_kv;
+  r->outcome.best_h_emb = route.decision.best_h_emb;
   serving::InferInput in{.user = t.user,
                          .history = t.new_events,
                          .candidates = t.candidates,

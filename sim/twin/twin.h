@@ -61,6 +61,7 @@ struct TwinOutcome {
   uint64_t user = 0;
   int node = -1;
   double h_kv = 0, h_emb = 0;
+  double best_h_kv = 0, best_h_emb = 0;  // the best over the routable nodes (locality given up)
   uint32_t candidates = 0, cached_prefix_tokens = 0, computed_tokens = 0;
   uint64_t emb_hits = 0, emb_misses = 0;
   bool stale_kv_hit = false;

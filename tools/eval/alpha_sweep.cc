@@ -59,28 +59,10 @@ absl::StatusOr<Point> ParsePoint(const std::string& row) {
   return p;
 }
 
-tools::SimSetupOptions SetupFor(const EvalOptions& o, const Profile& p, const std::string& trace,
-                                double alpha) {
-  const fs::path repo(o.repo);
-  return {.trace = trace,
-          .node_config = (repo / p.node_config).string(),
-          .costs = (repo / p.costs).string(),
-          .nodes = p.nodes,
-          .emb_sample = p.emb_sample,
-          .controller = {.name = "static", .alpha = alpha},
-          .warmup_s = p.warmup_s};
-}
-
 absl::StatusOr<Point> RunPoint(const tools::SimSetupOptions& options, double alpha) {
   ASSIGN_OR_RETURN(const tools::SimSetup setup, tools::PrepareSim(options));
   ASSIGN_OR_RETURN(const tools::SimRunResult r, tools::RunOnce(setup, alpha));
   const loadgen::Summary& s = r.report.overall;
-  double hits = 0, rows = 0;
-  for (const loadgen::Outcome& o : r.outcomes) {
-    if (o.scheduled_ns < setup.warmup_ns) continue;
-    hits += static_cast<double>(o.emb_hits);
-    rows += static_cast<double>(o.emb_hits + o.emb_misses);
-  }
   return Point{.alpha = alpha,
                .requests = s.requests,
                .ok = s.ok,
@@ -88,7 +70,7 @@ absl::StatusOr<Point> RunPoint(const tools::SimSetupOptions& options, double alp
                .p99_ms = s.p99_ms,
                .slo = s.slo_satisfaction,
                .kv_reuse = s.kv_reuse,
-               .emb_hit = rows > 0 ? hits / rows : 0,
+               .emb_hit = r.emb_hit_rate,
                .reward = tools::RunReward(s, setup.slo_ms),
                .wall_s = r.stats.wall_seconds};
 }
@@ -142,13 +124,13 @@ absl::Status AlphaSweep(const EvalOptions& o, const Profile& p, Stamp& stamp) {
                    RunParallel(trace_tasks, o.jobs, o.work_dir));
   {
     ASSIGN_OR_RETURN(const tools::SimSetup setup,
-                     tools::PrepareSim(SetupFor(o, p, traces.front(), 0)));
+                     tools::PrepareSim(SimOptions(o, p, traces.front(), 0)));
     stamp.device = setup.twin.costs.device;
   }
   std::vector<Task> runs;
   for (const std::string& trace : traces) {
     for (double alpha : alphas) {
-      const tools::SimSetupOptions options = SetupFor(o, p, trace, alpha);
+      const tools::SimSetupOptions options = SimOptions(o, p, trace, alpha);
       runs.push_back([options, alpha]() -> absl::StatusOr<std::string> {
         ASSIGN_OR_RETURN(const Point point, RunPoint(options, alpha));
         return FormatPoint(point);

@@ -14,9 +14,11 @@
 #include <map>
 #include <sstream>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/rng.h"
 #include "common/status_macros.h"
@@ -198,6 +200,37 @@ absl::StatusOr<std::string> MakeTrace(const EvalOptions& options, const Profile&
   return path.string();
 }
 
+tools::SimSetupOptions SimOptions(const EvalOptions& options, const Profile& profile,
+                                  const std::string& trace, double alpha) {
+  const fs::path repo(options.repo);
+  return {.trace = trace,
+          .node_config = (repo / profile.node_config).string(),
+          .costs = (repo / profile.costs).string(),
+          .nodes = profile.nodes,
+          .emb_sample = profile.emb_sample,
+          .controller = {.name = "static", .alpha = alpha},
+          .warmup_s = profile.warmup_s};
+}
+
+std::string FormatNumbers(const std::vector<double>& values) {
+  std::string out;
+  for (double v : values) absl::StrAppendFormat(&out, "%s%.6g", out.empty() ? "" : ",", v);
+  return out;
+}
+
+absl::StatusOr<std::vector<double>> ParseNumbers(const std::string& line, size_t count) {
+  std::vector<double> out;
+  for (absl::string_view part : absl::StrSplit(line, ',')) {
+    double v = 0;
+    if (!absl::SimpleAtod(part, &v)) break;
+    out.push_back(v);
+  }
+  if (out.size() != count) {
+    return absl::InternalError(absl::StrCat("a run's figures do not parse: ", line));
+  }
+  return out;
+}
+
 absl::StatusOr<std::vector<std::string>> RunParallel(const std::vector<Task>& tasks, uint32_t jobs,
                                                      const std::string& work_dir) {
   if (jobs == 0) return absl::InvalidArgumentError("--jobs: must be >= 1");
@@ -285,6 +318,10 @@ const std::vector<Experiment>& Experiments() {
       {.name = "alpha-sweep",
        .summary = "P99 against a static α per regime, long and short histories (experiment 2)",
        .run = AlphaSweep},
+      {.name = "routing",
+       .summary = "KV-only, EMB-only, joint (calibrated, configured), least-loaded and "
+                  "round-robin routing at one static α (experiment 6)",
+       .run = Routing},
   };
   return *experiments;
 }

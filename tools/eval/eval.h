@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "sim/workload/workload.h"
+#include "tools/sim_runner.h"
 
 namespace hlem::eval {
 
@@ -71,6 +72,15 @@ struct TraceSpec {
 };
 absl::StatusOr<std::string> MakeTrace(const EvalOptions& options, const Profile& profile,
                                       const TraceSpec& spec);
+
+// The options of one twin run of the profile over `trace` at a static α.
+tools::SimSetupOptions SimOptions(const EvalOptions& options, const Profile& profile,
+                                  const std::string& trace, double alpha);
+
+// A task's figures travel as one line of comma-separated numbers (%.6g).
+std::string FormatNumbers(const std::vector<double>& values);
+// INTERNAL unless the line holds exactly `count` numbers.
+absl::StatusOr<std::vector<double>> ParseNumbers(const std::string& line, size_t count);
 
 // Runs `tasks` in child processes, `jobs` at a time; returns each task's output in task order.
 // A task that fails (non-OK status, a crash, a signal) fails the whole call with its index and

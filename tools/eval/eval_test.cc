@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -118,6 +119,45 @@ TEST_F(EvalTest, AlphaSweepQuickWritesItsCsvTableAndPlot) {
   EXPECT_EQ(bold, 2 * 6);
   // One trace per series, kept for the next run.
   EXPECT_EQ(std::distance(fs::directory_iterator(dir_ / "work" / "traces"), {}), 6);
+}
+
+TEST_F(EvalTest, RoutingQuickComparesEveryPolicyPerRegime) {
+  const EvalOptions o{.profile = "local",
+                      .out_dir = (dir_ / "results").string(),
+                      .work_dir = (dir_ / "work").string(),
+                      .seeds = {7},
+                      .jobs = 2,
+                      .quick = true,
+                      .repo = HLEM_SOURCE_DIR};
+  const absl::Status st = RunExperiment("routing", o);
+  if (std::system("gnuplot --version > /dev/null 2>&1") == 0) {
+    ASSERT_TRUE(st.ok()) << st;
+    EXPECT_EQ(Read(dir_ / "results" / "routing.png").substr(1, 3), "PNG");
+  } else {
+    EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  }
+  // 3 regimes × 6 policies, each with its 14 fields; every request answered.
+  const std::string csv = Read(dir_ / "results" / "routing.csv");
+  int rows = 0;
+  std::map<std::string, double> kv_given_up;  // steady, by policy
+  for (absl::string_view line : absl::StrSplit(csv, '\n', absl::SkipEmpty())) {
+    if (line.front() == '#' || absl::StartsWith(line, "regime,")) continue;
+    ++rows;
+    const std::vector<std::string> f = absl::StrSplit(line, ',');
+    ASSERT_EQ(f.size(), 14u) << line;
+    EXPECT_EQ(f[3], f[4]) << "every request answered OK: " << line;
+    if (f[0] == "steady") kv_given_up[f[2]] = std::stod(f[11]);
+  }
+  EXPECT_EQ(rows, 18);
+  // KV-only routing never leaves a user's K/V; round-robin does (the figure means something).
+  EXPECT_EQ(kv_given_up["kv_only"], 0) << csv;
+  EXPECT_GT(kv_given_up["round_robin"], 0) << csv;
+  EXPECT_LE(kv_given_up["hlem"], kv_given_up["round_robin"]) << csv;
+  const std::string md = Read(dir_ / "results" / "routing.md");
+  for (const char* heading :
+       {"## steady", "## trend", "## burst", "| hlem (configured weights) |"}) {
+    EXPECT_THAT(md, HasSubstr(heading));
+  }
 }
 
 }  // namespace

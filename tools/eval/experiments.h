@@ -8,5 +8,7 @@ namespace hlem::eval {
 
 // Experiment 2: P99 against a static α per regime, long and short histories (alpha_sweep.cc).
 absl::Status AlphaSweep(const EvalOptions& options, const Profile& profile, Stamp& stamp);
+// Experiment 6: routing policies at one static α (routing.cc).
+absl::Status Routing(const EvalOptions& options, const Profile& profile, Stamp& stamp);
 
 }  // namespace hlem::eval

@@ -1,0 +1,179 @@
+// Experiment 6 of issue 8, routing: KV-only vs EMB-only vs joint routing (HLEM's, with its
+// weights calibrated online and with the configured ones of the paper's Algorithm 1), beside
+// round-robin and least-loaded, at one static α: P99, SLO, KV reuse, EMB hit rate, stale KV hits
+// and the locality given up for load.
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "tools/eval/eval.h"
+#include "tools/eval/experiments.h"
+#include "tools/sim_runner.h"
+
+namespace hlem::eval {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Policy {
+  std::string label, router;
+  bool calibrate;
+};
+
+const std::vector<Policy>& Policies() {
+  static const std::vector<Policy>* policies = new std::vector<Policy>{
+      {"hlem", "hlem", true},
+      {"hlem (configured weights)", "hlem", false},
+      {"kv_only", "kv_only", true},
+      {"emb_only", "emb_only", true},
+      {"least_loaded", "least_loaded", true},
+      {"round_robin", "round_robin", true},
+  };
+  return *policies;
+}
+
+// The figures of a run, in this order (the CSV's columns after regime, seed, policy).
+constexpr const char* kColumns[] = {"requests",    "ok",           "p50_ms",  "p99_ms",
+                                    "slo",         "kv_reuse",     "emb_hit", "stale_kv_hit",
+                                    "kv_given_up", "emb_given_up", "wall_s"};
+constexpr size_t kN = sizeof(kColumns) / sizeof(kColumns[0]);
+enum Column {
+  kRequests,
+  kOk,
+  kP50,
+  kP99,
+  kSlo,
+  kKvReuse,
+  kEmbHit,
+  kStale,
+  kKvGivenUp,
+  kEmbGivenUp,
+  kWall
+};
+
+absl::StatusOr<std::string> RunPolicy(tools::SimSetupOptions options, double alpha) {
+  ASSIGN_OR_RETURN(const tools::SimSetup setup, tools::PrepareSim(options));
+  ASSIGN_OR_RETURN(const tools::SimRunResult r, tools::RunOnce(setup, alpha));
+  const loadgen::Summary& s = r.report.overall;
+  const double requests = static_cast<double>(s.requests);
+  return FormatNumbers({requests, static_cast<double>(s.ok), s.p50_ms, s.p99_ms, s.slo_satisfaction,
+                        s.kv_reuse, r.emb_hit_rate,
+                        requests > 0 ? static_cast<double>(s.stale_kv_hits) / requests : 0,
+                        r.kv_given_up, r.emb_given_up, r.stats.wall_seconds});
+}
+
+}  // namespace
+
+absl::Status Routing(const EvalOptions& o, const Profile& p, Stamp& stamp) {
+  constexpr double kAlpha = 0.5;
+  const std::vector<sim::Regime> regimes = {sim::Regime::kSteady, sim::Regime::kTrend,
+                                            sim::Regime::kBurst};
+  std::vector<Task> trace_tasks;
+  for (sim::Regime regime : regimes) {
+    for (uint64_t seed : o.seeds) {
+      trace_tasks.push_back(
+          [&o, &p, regime, seed]() { return MakeTrace(o, p, {.regime = regime, .seed = seed}); });
+    }
+  }
+  ASSIGN_OR_RETURN(const std::vector<std::string> traces,
+                   RunParallel(trace_tasks, o.jobs, o.work_dir));
+  {
+    ASSIGN_OR_RETURN(const tools::SimSetup setup,
+                     tools::PrepareSim(SimOptions(o, p, traces.front(), kAlpha)));
+    stamp.device = setup.twin.costs.device;
+  }
+  const std::vector<Policy>& policies = Policies();
+  std::vector<Task> runs;
+  for (const std::string& trace : traces) {
+    for (const Policy& policy : policies) {
+      tools::SimSetupOptions options = SimOptions(o, p, trace, kAlpha);
+      options.router = policy.router;
+      options.calibrate_costs = policy.calibrate;
+      runs.push_back([options]() { return RunPolicy(options, kAlpha); });
+    }
+  }
+  std::fprintf(stderr, "  %zu traces, %zu twin runs, %u at a time\n", traces.size(), runs.size(),
+               o.jobs);
+  const auto start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(const std::vector<std::string> rows, RunParallel(runs, o.jobs, o.work_dir));
+  stamp.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  // rows[(regime · seeds + seed) · policies + policy]; means over seeds.
+  std::string csv = absl::StrCat(stamp.CsvComment(), "regime,seed,policy");
+  for (const char* c : kColumns) absl::StrAppend(&csv, ",", c);
+  absl::StrAppend(&csv, "\n");
+  const size_t S = o.seeds.size(), P = policies.size();
+  std::vector<std::vector<std::vector<double>>> mean(
+      regimes.size(), std::vector<std::vector<double>>(P, std::vector<double>(kN, 0)));
+  for (size_t g = 0; g < regimes.size(); ++g) {
+    for (size_t k = 0; k < S; ++k) {
+      for (size_t i = 0; i < P; ++i) {
+        const std::string& row = rows[(g * S + k) * P + i];
+        ASSIGN_OR_RETURN(const std::vector<double> v, ParseNumbers(row, kN));
+        absl::StrAppend(&csv, sim::RegimeName(regimes[g]), ",", o.seeds[k], ",", policies[i].label,
+                        ",", row, "\n");
+        for (size_t c = 0; c < kN; ++c) mean[g][i][c] += v[c] / static_cast<double>(S);
+      }
+    }
+  }
+
+  std::string md = absl::StrCat(
+      "# Routing (experiment 6)\n\n", stamp.Markdown(),
+      absl::StrFormat(
+          "\nEvery node at a static α %.1f; the same traces for every policy; means over the "
+          "seeds. *hlem*: the joint score with weights learnt online (router "
+          "`--calibrate-costs`, the default); *configured weights*: the paper's Algorithm 1 "
+          "with C_kv = C_emb = C_ld. *KV reuse*: cached ÷ history tokens; *stale*: dispatches "
+          "the router believed KV-resident that were not; *KV given up*: answers that had a "
+          "node with the user's K/V and went elsewhere; *EMB given up*: mean best h_emb − the "
+          "chosen node's.\n",
+          kAlpha));
+  for (size_t g = 0; g < regimes.size(); ++g) {
+    absl::StrAppend(&md, "\n## ", sim::RegimeName(regimes[g]),
+                    "\n\n| policy | P99 ms | P50 ms | SLO | KV reuse | EMB hits | stale | KV "
+                    "given up | EMB given up |\n|---|---|---|---|---|---|---|---|---|\n");
+    for (size_t i = 0; i < P; ++i) {
+      const std::vector<double>& m = mean[g][i];
+      absl::StrAppendFormat(&md,
+                            "| %s | %.2f | %.2f | %.2f %% | %.1f %% | %.1f %% | %.2f %% | %.1f %% "
+                            "| %.3f |\n",
+                            policies[i].label, m[kP99], m[kP50], 100 * m[kSlo], 100 * m[kKvReuse],
+                            100 * m[kEmbHit], 100 * m[kStale], 100 * m[kKvGivenUp], m[kEmbGivenUp]);
+    }
+  }
+  absl::StrAppend(&md, "\nFiles: `routing.csv` (every run, each seed), `routing.png`.\n");
+
+  // The plot: P99 per policy, a cluster per regime.
+  const fs::path data = fs::path(o.work_dir) / "plots" / "routing.dat";
+  std::string dat = "regime";
+  for (const Policy& policy : policies) absl::StrAppend(&dat, " \"", policy.label, "\"");
+  absl::StrAppend(&dat, "\n");
+  for (size_t g = 0; g < regimes.size(); ++g) {
+    absl::StrAppend(&dat, sim::RegimeName(regimes[g]));
+    for (size_t i = 0; i < P; ++i) absl::StrAppendFormat(&dat, " %.4f", mean[g][i][kP99]);
+    absl::StrAppend(&dat, "\n");
+  }
+  {
+    std::error_code ec;
+    fs::create_directories(data.parent_path(), ec);
+    std::ofstream(data) << dat;
+  }
+  const std::string script = absl::StrFormat(
+      "set title 'P99 by routing policy at α %.1f — %s profile (%s)'\nset ylabel 'P99 (ms)'\n"
+      "set style data histograms\nset style histogram clustered gap 1\nset style fill solid "
+      "0.8 border -1\nset grid ytics\nset key outside right\nset yrange [0:*]\n"
+      "plot for [i=2:%d] '%s' using i:xtic(1) title columnheader(i)\n",
+      kAlpha, p.name, stamp.commit, P + 1, data.string());
+  RETURN_IF_ERROR(WriteOutput(o, "routing.csv", csv));
+  RETURN_IF_ERROR(WriteOutput(o, "routing.md", md));
+  return Plot(script, (fs::path(o.out_dir) / "routing.png").string(), o.work_dir);
+}
+
+}  // namespace hlem::eval
