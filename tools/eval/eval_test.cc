@@ -33,6 +33,16 @@ class EvalTest : public ::testing::Test {
     fs::create_directories(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }
+  // A smoke run: the local profile's quick traces, one seed, into the test's folder.
+  EvalOptions QuickLocal() const {
+    return {.profile = "local",
+            .out_dir = (dir_ / "results").string(),
+            .work_dir = (dir_ / "work").string(),
+            .seeds = {7},
+            .jobs = 2,
+            .quick = true,
+            .repo = HLEM_SOURCE_DIR};
+  }
   fs::path dir_;
 };
 
@@ -68,13 +78,7 @@ TEST_F(EvalTest, UnknownNamesAreErrorsThatListTheKnownOnes) {
 
 // The smoke version of experiment 2: every output produced and well-formed.
 TEST_F(EvalTest, AlphaSweepQuickWritesItsCsvTableAndPlot) {
-  const EvalOptions o{.profile = "local",
-                      .out_dir = (dir_ / "results").string(),
-                      .work_dir = (dir_ / "work").string(),
-                      .seeds = {7},
-                      .jobs = 2,
-                      .quick = true,
-                      .repo = HLEM_SOURCE_DIR};
+  const EvalOptions o = QuickLocal();
   const absl::Status st = RunExperiment("alpha-sweep", o);
   const bool gnuplot = std::system("gnuplot --version > /dev/null 2>&1") == 0;
   if (!gnuplot) {
@@ -122,13 +126,7 @@ TEST_F(EvalTest, AlphaSweepQuickWritesItsCsvTableAndPlot) {
 }
 
 TEST_F(EvalTest, RoutingQuickComparesEveryPolicyPerRegime) {
-  const EvalOptions o{.profile = "local",
-                      .out_dir = (dir_ / "results").string(),
-                      .work_dir = (dir_ / "work").string(),
-                      .seeds = {7},
-                      .jobs = 2,
-                      .quick = true,
-                      .repo = HLEM_SOURCE_DIR};
+  const EvalOptions o = QuickLocal();
   const absl::Status st = RunExperiment("routing", o);
   if (std::system("gnuplot --version > /dev/null 2>&1") == 0) {
     ASSERT_TRUE(st.ok()) << st;
