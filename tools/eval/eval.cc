@@ -244,7 +244,8 @@ absl::StatusOr<std::vector<std::string>> RunParallel(const std::vector<Task>& ta
   std::map<pid_t, size_t> running;
   std::vector<std::string> outputs(tasks.size());
   absl::Status first_error;
-  size_t next = 0;
+  size_t next = 0, done = 0;
+  const bool progress = isatty(STDERR_FILENO) == 1;
   auto finish_one = [&]() {
     int status = 0;
     const pid_t pid = waitpid(-1, &status, 0);
@@ -265,6 +266,11 @@ absl::StatusOr<std::vector<std::string>> RunParallel(const std::vector<Task>& ta
       outputs[i] = std::move(*body);
     }
     if (!st.ok() && first_error.ok()) first_error = st;
+    ++done;
+    if (progress) {
+      std::fprintf(stderr, "\r  %zu/%zu done%s", done, tasks.size(),
+                   done == tasks.size() ? "\n" : "");
+    }
   };
   while (next < tasks.size() || !running.empty()) {
     if (next < tasks.size() && running.size() < jobs && first_error.ok()) {
