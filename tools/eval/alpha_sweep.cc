@@ -31,61 +31,17 @@ struct Series {
   std::string Name() const { return absl::StrCat(sim::RegimeName(regime), " ", history); }
 };
 
-// One twin run's figures (a CSV row without the series columns).
-struct Point {
-  double alpha = 0;
-  uint64_t requests = 0, ok = 0;
-  double p50_ms = 0, p99_ms = 0, slo = 0, kv_reuse = 0, emb_hit = 0, reward = 0, wall_s = 0;
-};
-
-constexpr char kPointColumns[] =
-    "alpha,requests,ok,p50_ms,p99_ms,slo_satisfaction,kv_reuse,emb_hit_rate,reward,wall_s";
-
-std::string FormatPoint(const Point& p) {
-  return absl::StrFormat("%.2f,%d,%d,%.3f,%.3f,%.5f,%.4f,%.4f,%.5f,%.1f", p.alpha, p.requests, p.ok,
-                         p.p50_ms, p.p99_ms, p.slo, p.kv_reuse, p.emb_hit, p.reward, p.wall_s);
-}
-
-absl::StatusOr<Point> ParsePoint(const std::string& row) {
-  std::vector<std::string> f = absl::StrSplit(row, ',');
-  Point p;
-  if (f.size() != 10 || !absl::SimpleAtod(f[0], &p.alpha) || !absl::SimpleAtoi(f[1], &p.requests) ||
-      !absl::SimpleAtoi(f[2], &p.ok) || !absl::SimpleAtod(f[3], &p.p50_ms) ||
-      !absl::SimpleAtod(f[4], &p.p99_ms) || !absl::SimpleAtod(f[5], &p.slo) ||
-      !absl::SimpleAtod(f[6], &p.kv_reuse) || !absl::SimpleAtod(f[7], &p.emb_hit) ||
-      !absl::SimpleAtod(f[8], &p.reward) || !absl::SimpleAtod(f[9], &p.wall_s)) {
-    return absl::InternalError(absl::StrCat("a run's row does not parse: ", row));
-  }
-  return p;
-}
-
-absl::StatusOr<Point> RunPoint(const tools::SimSetupOptions& options, double alpha) {
-  ASSIGN_OR_RETURN(const tools::SimSetup setup, tools::PrepareSim(options));
-  ASSIGN_OR_RETURN(const tools::SimRunResult r, tools::RunOnce(setup, alpha));
-  const loadgen::Summary& s = r.report.overall;
-  return Point{.alpha = alpha,
-               .requests = s.requests,
-               .ok = s.ok,
-               .p50_ms = s.p50_ms,
-               .p99_ms = s.p99_ms,
-               .slo = s.slo_satisfaction,
-               .kv_reuse = s.kv_reuse,
-               .emb_hit = r.emb_hit_rate,
-               .reward = tools::RunReward(s, setup.slo_ms),
-               .wall_s = r.stats.wall_seconds};
-}
-
 // Mean over seeds of each α's figures, per series.
 struct Curve {
   Series series;
-  std::vector<Point> mean;  // by α
+  std::vector<Figures> mean;  // by α
   std::vector<double> p99_min, p99_max;
 };
 
 size_t Best(const Curve& c) {
   size_t best = 0;
   for (size_t i = 1; i < c.mean.size(); ++i) {
-    const Point &a = c.mean[i], &b = c.mean[best];
+    const Figures &a = c.mean[i], &b = c.mean[best];
     if (a.reward > b.reward + 1e-9 || (a.reward > b.reward - 1e-9 && a.p99_ms < b.p99_ms)) {
       best = i;
     }
@@ -130,11 +86,7 @@ absl::Status AlphaSweep(const EvalOptions& o, const Profile& p, Stamp& stamp) {
   std::vector<Task> runs;
   for (const std::string& trace : traces) {
     for (double alpha : alphas) {
-      const tools::SimSetupOptions options = SimOptions(o, p, trace, alpha);
-      runs.push_back([options, alpha]() -> absl::StatusOr<std::string> {
-        ASSIGN_OR_RETURN(const Point point, RunPoint(options, alpha));
-        return FormatPoint(point);
-      });
+      runs.push_back(FiguresTask(o, stamp, SimOptions(o, p, trace, alpha), alpha));
     }
   }
   std::fprintf(stderr, "  %zu traces, %zu twin runs, %u at a time\n", traces.size(), runs.size(),
@@ -144,7 +96,8 @@ absl::Status AlphaSweep(const EvalOptions& o, const Profile& p, Stamp& stamp) {
   stamp.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   // rows[(series · seeds + seed) · alphas + a]
-  std::string csv = absl::StrCat(stamp.CsvComment(), "regime,history,seed,", kPointColumns, "\n");
+  std::string csv =
+      absl::StrCat(stamp.CsvComment(), "regime,history,seed,alpha,", Figures::kCsvColumns, "\n");
   std::vector<Curve> curves;
   const size_t S = o.seeds.size(), A = alphas.size();
   for (size_t si = 0; si < series.size(); ++si) {
@@ -155,21 +108,15 @@ absl::Status AlphaSweep(const EvalOptions& o, const Profile& p, Stamp& stamp) {
     for (size_t k = 0; k < S; ++k) {
       for (size_t a = 0; a < A; ++a) {
         const std::string& row = rows[(si * S + k) * A + a];
-        ASSIGN_OR_RETURN(const Point pt, ParsePoint(row));
-        absl::StrAppend(&csv, sim::RegimeName(series[si].regime), ",", series[si].history, ",",
-                        o.seeds[k], ",", row, "\n");
-        Point& m = c.mean[a];
-        m.alpha = pt.alpha;
-        m.requests += pt.requests;
-        m.ok += pt.ok;
+        ASSIGN_OR_RETURN(const Figures pt, Figures::Parse(row));
+        absl::StrAppendFormat(&csv, "%s,%s,%d,%.2f,%s\n", sim::RegimeName(series[si].regime),
+                              series[si].history, o.seeds[k], alphas[a], row);
+        Figures& m = c.mean[a];
         const double w = 1.0 / static_cast<double>(S);
         m.p50_ms += w * pt.p50_ms;
         m.p99_ms += w * pt.p99_ms;
         m.slo += w * pt.slo;
-        m.kv_reuse += w * pt.kv_reuse;
-        m.emb_hit += w * pt.emb_hit;
         m.reward += w * pt.reward;
-        m.wall_s += pt.wall_s;
         c.p99_min[a] = std::min(c.p99_min[a], pt.p99_ms);
         c.p99_max[a] = std::max(c.p99_max[a], pt.p99_ms);
       }
@@ -193,7 +140,7 @@ absl::Status AlphaSweep(const EvalOptions& o, const Profile& p, Stamp& stamp) {
   for (size_t a = 0; a < A; ++a) {
     absl::StrAppendFormat(&md, "| %.2f |", alphas[a]);
     for (size_t i = 0; i < curves.size(); ++i) {
-      const Point& pt = curves[i].mean[a];
+      const Figures& pt = curves[i].mean[a];
       if (S > 1) {
         absl::StrAppendFormat(&md, best[i] == a ? " **%.2f** (%.2f–%.2f) |" : " %.2f (%.2f–%.2f) |",
                               pt.p99_ms, curves[i].p99_min[a], curves[i].p99_max[a]);
@@ -208,12 +155,13 @@ absl::Status AlphaSweep(const EvalOptions& o, const Profile& p, Stamp& stamp) {
                   " | worst P99 ÷ best | interior optimum |\n|---|---|---|---|---|---|---|---|\n");
   for (size_t i = 0; i < curves.size(); ++i) {
     const Curve& c = curves[i];
-    const Point& b = c.mean[best[i]];
+    const Figures& b = c.mean[best[i]];
     double worst = 0;
-    for (const Point& pt : c.mean) worst = std::max(worst, pt.p99_ms);
+    for (const Figures& pt : c.mean) worst = std::max(worst, pt.p99_ms);
     absl::StrAppendFormat(&md, "| %s | %.2f | %.2f | %.2f %% | %.2f | %.2f | %.2f | %s |\n",
-                          c.series.Name(), b.alpha, b.p99_ms, 100 * b.slo, c.mean.front().p99_ms,
-                          c.mean.back().p99_ms, b.p99_ms > 0 ? worst / b.p99_ms : 0,
+                          c.series.Name(), alphas[best[i]], b.p99_ms, 100 * b.slo,
+                          c.mean.front().p99_ms, c.mean.back().p99_ms,
+                          b.p99_ms > 0 ? worst / b.p99_ms : 0,
                           best[i] > 0 && best[i] + 1 < A ? "yes" : "no (a grid end)");
   }
   absl::StrAppend(&md, "\nFiles: `alpha-sweep.csv` (every run, each seed), `alpha-sweep.png`.\n");
@@ -223,7 +171,9 @@ absl::Status AlphaSweep(const EvalOptions& o, const Profile& p, Stamp& stamp) {
   std::string dat;
   for (const Curve& c : curves) {
     absl::StrAppend(&dat, "# ", c.series.Name(), "\n");
-    for (const Point& pt : c.mean) absl::StrAppendFormat(&dat, "%.2f %.4f\n", pt.alpha, pt.p99_ms);
+    for (size_t a = 0; a < A; ++a) {
+      absl::StrAppendFormat(&dat, "%.2f %.4f\n", alphas[a], c.mean[a].p99_ms);
+    }
     absl::StrAppend(&dat, "\n\n");
   }
   std::string script = absl::StrFormat(

@@ -14,6 +14,7 @@
 #include <map>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -214,7 +215,7 @@ tools::SimSetupOptions SimOptions(const EvalOptions& options, const Profile& pro
 
 std::string FormatNumbers(const std::vector<double>& values) {
   std::string out;
-  for (double v : values) absl::StrAppendFormat(&out, "%s%.6g", out.empty() ? "" : ",", v);
+  for (double v : values) absl::StrAppendFormat(&out, "%s%.10g", out.empty() ? "" : ",", v);
   return out;
 }
 
@@ -229,6 +230,89 @@ absl::StatusOr<std::vector<double>> ParseNumbers(const std::string& line, size_t
     return absl::InternalError(absl::StrCat("a run's figures do not parse: ", line));
   }
   return out;
+}
+
+std::string Figures::Format() const {
+  return FormatNumbers({requests, ok, p50_ms, p90_ms, p99_ms, slo, kv_reuse, emb_hit, stale,
+                        kv_given_up, emb_given_up, reward, wall_s});
+}
+
+absl::StatusOr<Figures> Figures::Parse(const std::string& fields) {
+  ASSIGN_OR_RETURN(const std::vector<double> v, ParseNumbers(fields, 13));
+  return Figures{.requests = v[0],
+                 .ok = v[1],
+                 .p50_ms = v[2],
+                 .p90_ms = v[3],
+                 .p99_ms = v[4],
+                 .slo = v[5],
+                 .kv_reuse = v[6],
+                 .emb_hit = v[7],
+                 .stale = v[8],
+                 .kv_given_up = v[9],
+                 .emb_given_up = v[10],
+                 .reward = v[11],
+                 .wall_s = v[12]};
+}
+
+absl::StatusOr<Figures> RunFigures(const tools::SimSetupOptions& options, double alpha) {
+  ASSIGN_OR_RETURN(const tools::SimSetup setup, tools::PrepareSim(options));
+  ASSIGN_OR_RETURN(const tools::SimRunResult r, tools::RunOnce(setup, alpha));
+  const loadgen::Summary& s = r.report.overall;
+  const auto requests = static_cast<double>(s.requests);
+  return Figures{.requests = requests,
+                 .ok = static_cast<double>(s.ok),
+                 .p50_ms = s.p50_ms,
+                 .p90_ms = s.p90_ms,
+                 .p99_ms = s.p99_ms,
+                 .slo = s.slo_satisfaction,
+                 .kv_reuse = s.kv_reuse,
+                 .emb_hit = r.emb_hit_rate,
+                 .stale = requests > 0 ? static_cast<double>(s.stale_kv_hits) / requests : 0,
+                 .kv_given_up = r.kv_given_up,
+                 .emb_given_up = r.emb_given_up,
+                 .reward = tools::RunReward(s, setup.slo_ms),
+                 .wall_s = r.stats.wall_seconds};
+}
+
+Task FiguresTask(const EvalOptions& options, const Stamp& stamp, const tools::SimSetupOptions& run,
+                 double alpha) {
+  return CachedRun(options, stamp, RunKey(run, alpha),
+                   [run, alpha]() -> absl::StatusOr<std::string> {
+                     ASSIGN_OR_RETURN(const Figures f, RunFigures(run, alpha));
+                     return f.Format();
+                   });
+}
+
+std::string RunKey(const tools::SimSetupOptions& o, double alpha) {
+  auto content = [](const std::string& path) {
+    absl::StatusOr<std::string> body = ReadFile(path);
+    return body.ok() ? absl::StrFormat("%016x", NameHash(*body)) : std::string("missing");
+  };
+  const allocator::ControllerSpec& c = o.controller;
+  return absl::StrFormat(
+      "trace=%s node=%s costs=%s router=%s nodes=%d emb_sample=%d calibrate=%d controller=%s "
+      "weights=%s seed=%d bounds=%.4f:%.4f slo=%.4f warmup=%.4f alpha=%.4f",
+      fs::path(o.trace).filename().string(), content(o.node_config), content(o.costs), o.router,
+      o.nodes, o.emb_sample, o.calibrate_costs, c.name,
+      c.weights.empty() ? "-" : content(c.weights), c.seed, c.bounds.alpha_min, c.bounds.alpha_max,
+      o.slo_ms, o.warmup_s, alpha);
+}
+
+Task CachedRun(const EvalOptions& options, const Stamp& stamp, const std::string& key, Task run) {
+  if (stamp.commit == "unknown" || absl::EndsWith(stamp.commit, "-dirty")) return run;
+  const std::string full = absl::StrCat("commit=", stamp.commit, " ", key);
+  const fs::path path =
+      fs::path(options.work_dir) / "runs" / absl::StrFormat("%016x.txt", NameHash(full));
+  return [path, full, run]() -> absl::StatusOr<std::string> {
+    if (absl::StatusOr<std::string> cached = ReadFile(path.string()); cached.ok()) {
+      // The first line is the key (a hash collision would show); the second the figures.
+      const size_t nl = cached->find('\n');
+      if (nl != std::string::npos && cached->substr(0, nl) == full) return cached->substr(nl + 1);
+    }
+    ASSIGN_OR_RETURN(const std::string out, run());
+    (void)WriteFileAtomically(path, absl::StrCat(full, "\n", out));
+    return out;
+  };
 }
 
 absl::StatusOr<std::vector<std::string>> RunParallel(const std::vector<Task>& tasks, uint32_t jobs,

@@ -77,10 +77,34 @@ absl::StatusOr<std::string> MakeTrace(const EvalOptions& options, const Profile&
 tools::SimSetupOptions SimOptions(const EvalOptions& options, const Profile& profile,
                                   const std::string& trace, double alpha);
 
-// A task's figures travel as one line of comma-separated numbers (%.6g).
+// A task's figures travel as one line of comma-separated numbers (%.10g).
 std::string FormatNumbers(const std::vector<double>& values);
 // INTERNAL unless the line holds exactly `count` numbers.
 absl::StatusOr<std::vector<double>> ParseNumbers(const std::string& line, size_t count);
+
+// The figures of one twin run: over the requests after the warm-up (latencies of OK answers).
+struct Figures {
+  double requests = 0, ok = 0, p50_ms = 0, p90_ms = 0, p99_ms = 0;
+  double slo = 0;                            // SLO satisfaction (failures miss it)
+  double kv_reuse = 0;                       // cached ÷ history tokens
+  double emb_hit = 0;                        // EMB rows hit ÷ looked up
+  double stale = 0;                          // stale KV hits ÷ requests
+  double kv_given_up = 0, emb_given_up = 0;  // tools::SimRunResult's
+  double reward = 0;                         // ARCHITECTURE §3, over the whole run
+  double wall_s = 0;
+  static constexpr char kCsvColumns[] =
+      "requests,ok,p50_ms,p90_ms,p99_ms,slo_satisfaction,kv_reuse,emb_hit_rate,stale_kv_hit_rate,"
+      "kv_given_up,emb_given_up,reward,wall_s";
+  std::string Format() const;  // the CSV fields, in kCsvColumns' order
+  static absl::StatusOr<Figures> Parse(const std::string& fields);
+};
+
+// Runs the twin over the options' trace at α (tools::PrepareSim, tools::RunOnce).
+absl::StatusOr<Figures> RunFigures(const tools::SimSetupOptions& options, double alpha);
+
+// A key for a twin run of these options at α: every input that decides its figures (the trace
+// file's name holds its generator config's hash; the configs' and weights' contents are hashed).
+std::string RunKey(const tools::SimSetupOptions& options, double alpha);
 
 // Runs `tasks` in child processes, `jobs` at a time; returns each task's output in task order.
 // A task that fails (non-OK status, a crash, a signal) fails the whole call with its index and
@@ -88,6 +112,14 @@ absl::StatusOr<std::vector<double>> ParseNumbers(const std::string& line, size_t
 using Task = std::function<absl::StatusOr<std::string>()>;
 absl::StatusOr<std::vector<std::string>> RunParallel(const std::vector<Task>& tasks, uint32_t jobs,
                                                      const std::string& work_dir);
+
+// `run`, cached under work_dir/runs/ by `key` and the commit: the twin is deterministic, so the
+// same code, inputs and options give the same figures (an experiment reuses another's runs).
+// Nothing is cached when the commit is unknown or the tree has changes (the code may differ).
+Task CachedRun(const EvalOptions& options, const Stamp& stamp, const std::string& key, Task run);
+// RunFigures as a cached task (its output: Figures::Format()).
+Task FiguresTask(const EvalOptions& options, const Stamp& stamp, const tools::SimSetupOptions& run,
+                 double alpha);
 
 // Renders `script` (gnuplot, reading data files it names) into `png` with gnuplot-nox
 // (scripts/install-deps.sh installs it); FAILED_PRECONDITION when gnuplot is not installed.

@@ -67,6 +67,29 @@ TEST_F(EvalTest, RunParallelKeepsTaskOrderAndReportsFailures) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST_F(EvalTest, CachedRunsAreReusedOnlyForTheSameKeyAndACleanCommit) {
+  const EvalOptions o{.work_dir = dir_.string()};
+  int calls = 0;
+  const Task count = [&calls]() -> absl::StatusOr<std::string> { return std::to_string(++calls); };
+  const Stamp clean{.commit = "abc1234"};
+  EXPECT_EQ(*CachedRun(o, clean, "trace=a alpha=0.5", count)(), "1");
+  EXPECT_EQ(*CachedRun(o, clean, "trace=a alpha=0.5", count)(), "1");  // from the cache
+  EXPECT_EQ(*CachedRun(o, clean, "trace=a alpha=0.6", count)(), "2");  // another run
+  EXPECT_EQ(*CachedRun(o, Stamp{.commit = "def5678"}, "trace=a alpha=0.5", count)(), "3");
+  const Stamp dirty{.commit = "abc1234-dirty"};  // the code may differ from the commit
+  EXPECT_EQ(*CachedRun(o, dirty, "trace=a alpha=0.5", count)(), "4");
+  EXPECT_EQ(*CachedRun(o, dirty, "trace=a alpha=0.5", count)(), "5");
+  // The key names what decides a run.
+  tools::SimSetupOptions run{
+      .trace = "/x/paper-steady.trace",
+      .node_config = std::string(HLEM_SOURCE_DIR) + "/deploy/local/node.yaml"};
+  const std::string key = RunKey(run, 0.5);
+  EXPECT_THAT(key, HasSubstr("trace=paper-steady.trace"));
+  EXPECT_NE(key, RunKey(run, 0.6));
+  run.router = "kv_only";
+  EXPECT_NE(key, RunKey(run, 0.5));
+}
+
 TEST_F(EvalTest, UnknownNamesAreErrorsThatListTheKnownOnes) {
   EvalOptions o{.profile = "mars", .out_dir = dir_.string(), .repo = HLEM_SOURCE_DIR};
   EXPECT_THAT(std::string(RunExperiment("alpha-sweep", o).message()), HasSubstr("paper, local"));
@@ -91,7 +114,7 @@ TEST_F(EvalTest, AlphaSweepQuickWritesItsCsvTableAndPlot) {
     ASSERT_GT(png.size(), 1000u);
     EXPECT_EQ(png.substr(1, 3), "PNG");
   }
-  // CSV: the stamp, a header, 3 regimes × 2 history lengths × 3 αs rows of 13 fields.
+  // CSV: the stamp, a header, 3 regimes × 2 history lengths × 3 αs rows of 17 fields.
   const std::string csv = Read(dir_ / "results" / "alpha-sweep.csv");
   EXPECT_THAT(csv, HasSubstr("# commit: "));
   EXPECT_THAT(csv, HasSubstr("# profile: local"));
@@ -100,11 +123,11 @@ TEST_F(EvalTest, AlphaSweepQuickWritesItsCsvTableAndPlot) {
     if (line.front() == '#' || absl::StartsWith(line, "regime,")) continue;
     ++rows;
     const std::vector<std::string> f = absl::StrSplit(line, ',');
-    ASSERT_EQ(f.size(), 13u) << line;
+    ASSERT_EQ(f.size(), 17u) << line;
     EXPECT_THAT(f[0], ::testing::AnyOf("steady", "trend", "burst"));
     EXPECT_GT(std::stod(f[4]), 0) << "requests";
     EXPECT_EQ(f[4], f[5]) << "every request answered OK: " << line;
-    EXPECT_GT(std::stod(f[7]), 0) << "P99";
+    EXPECT_GT(std::stod(f[8]), 0) << "P99";
   }
   EXPECT_EQ(rows, 18);
   // The table: a column per series, a row per α, one bold best per column, the stamp.
@@ -134,7 +157,7 @@ TEST_F(EvalTest, RoutingQuickComparesEveryPolicyPerRegime) {
   } else {
     EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
   }
-  // 3 regimes × 6 policies, each with its 14 fields; every request answered.
+  // 3 regimes × 6 policies, each with its 16 fields; every request answered.
   const std::string csv = Read(dir_ / "results" / "routing.csv");
   int rows = 0;
   std::map<std::string, double> kv_given_up;  // steady, by policy
@@ -142,9 +165,9 @@ TEST_F(EvalTest, RoutingQuickComparesEveryPolicyPerRegime) {
     if (line.front() == '#' || absl::StartsWith(line, "regime,")) continue;
     ++rows;
     const std::vector<std::string> f = absl::StrSplit(line, ',');
-    ASSERT_EQ(f.size(), 14u) << line;
+    ASSERT_EQ(f.size(), 16u) << line;
     EXPECT_EQ(f[3], f[4]) << "every request answered OK: " << line;
-    if (f[0] == "steady") kv_given_up[f[2]] = std::stod(f[11]);
+    if (f[0] == "steady") kv_given_up[f[2]] = std::stod(f[12]);
   }
   EXPECT_EQ(rows, 18);
   // KV-only routing never leaves a user's K/V; round-robin does (the figure means something).

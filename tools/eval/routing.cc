@@ -39,36 +39,6 @@ const std::vector<Policy>& Policies() {
   return *policies;
 }
 
-// The figures of a run, in this order (the CSV's columns after regime, seed, policy).
-constexpr const char* kColumns[] = {"requests",    "ok",           "p50_ms",  "p99_ms",
-                                    "slo",         "kv_reuse",     "emb_hit", "stale_kv_hit",
-                                    "kv_given_up", "emb_given_up", "wall_s"};
-constexpr size_t kN = sizeof(kColumns) / sizeof(kColumns[0]);
-enum Column {
-  kRequests,
-  kOk,
-  kP50,
-  kP99,
-  kSlo,
-  kKvReuse,
-  kEmbHit,
-  kStale,
-  kKvGivenUp,
-  kEmbGivenUp,
-  kWall
-};
-
-absl::StatusOr<std::string> RunPolicy(tools::SimSetupOptions options, double alpha) {
-  ASSIGN_OR_RETURN(const tools::SimSetup setup, tools::PrepareSim(options));
-  ASSIGN_OR_RETURN(const tools::SimRunResult r, tools::RunOnce(setup, alpha));
-  const loadgen::Summary& s = r.report.overall;
-  const double requests = static_cast<double>(s.requests);
-  return FormatNumbers({requests, static_cast<double>(s.ok), s.p50_ms, s.p99_ms, s.slo_satisfaction,
-                        s.kv_reuse, r.emb_hit_rate,
-                        requests > 0 ? static_cast<double>(s.stale_kv_hits) / requests : 0,
-                        r.kv_given_up, r.emb_given_up, r.stats.wall_seconds});
-}
-
 }  // namespace
 
 absl::Status Routing(const EvalOptions& o, const Profile& p, Stamp& stamp) {
@@ -96,7 +66,7 @@ absl::Status Routing(const EvalOptions& o, const Profile& p, Stamp& stamp) {
       tools::SimSetupOptions options = SimOptions(o, p, trace, kAlpha);
       options.router = policy.router;
       options.calibrate_costs = policy.calibrate;
-      runs.push_back([options]() { return RunPolicy(options, kAlpha); });
+      runs.push_back(FiguresTask(o, stamp, options, kAlpha));
     }
   }
   std::fprintf(stderr, "  %zu traces, %zu twin runs, %u at a time\n", traces.size(), runs.size(),
@@ -106,20 +76,27 @@ absl::Status Routing(const EvalOptions& o, const Profile& p, Stamp& stamp) {
   stamp.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   // rows[(regime · seeds + seed) · policies + policy]; means over seeds.
-  std::string csv = absl::StrCat(stamp.CsvComment(), "regime,seed,policy");
-  for (const char* c : kColumns) absl::StrAppend(&csv, ",", c);
-  absl::StrAppend(&csv, "\n");
+  std::string csv =
+      absl::StrCat(stamp.CsvComment(), "regime,seed,policy,", Figures::kCsvColumns, "\n");
   const size_t S = o.seeds.size(), P = policies.size();
-  std::vector<std::vector<std::vector<double>>> mean(
-      regimes.size(), std::vector<std::vector<double>>(P, std::vector<double>(kN, 0)));
+  std::vector<std::vector<Figures>> mean(regimes.size(), std::vector<Figures>(P));
   for (size_t g = 0; g < regimes.size(); ++g) {
     for (size_t k = 0; k < S; ++k) {
       for (size_t i = 0; i < P; ++i) {
         const std::string& row = rows[(g * S + k) * P + i];
-        ASSIGN_OR_RETURN(const std::vector<double> v, ParseNumbers(row, kN));
+        ASSIGN_OR_RETURN(const Figures f, Figures::Parse(row));
         absl::StrAppend(&csv, sim::RegimeName(regimes[g]), ",", o.seeds[k], ",", policies[i].label,
                         ",", row, "\n");
-        for (size_t c = 0; c < kN; ++c) mean[g][i][c] += v[c] / static_cast<double>(S);
+        Figures& m = mean[g][i];
+        const double w = 1.0 / static_cast<double>(S);
+        m.p50_ms += w * f.p50_ms;
+        m.p99_ms += w * f.p99_ms;
+        m.slo += w * f.slo;
+        m.kv_reuse += w * f.kv_reuse;
+        m.emb_hit += w * f.emb_hit;
+        m.stale += w * f.stale;
+        m.kv_given_up += w * f.kv_given_up;
+        m.emb_given_up += w * f.emb_given_up;
       }
     }
   }
@@ -140,12 +117,12 @@ absl::Status Routing(const EvalOptions& o, const Profile& p, Stamp& stamp) {
                     "\n\n| policy | P99 ms | P50 ms | SLO | KV reuse | EMB hits | stale | KV "
                     "given up | EMB given up |\n|---|---|---|---|---|---|---|---|---|\n");
     for (size_t i = 0; i < P; ++i) {
-      const std::vector<double>& m = mean[g][i];
+      const Figures& m = mean[g][i];
       absl::StrAppendFormat(&md,
                             "| %s | %.2f | %.2f | %.2f %% | %.1f %% | %.1f %% | %.2f %% | %.1f %% "
                             "| %.3f |\n",
-                            policies[i].label, m[kP99], m[kP50], 100 * m[kSlo], 100 * m[kKvReuse],
-                            100 * m[kEmbHit], 100 * m[kStale], 100 * m[kKvGivenUp], m[kEmbGivenUp]);
+                            policies[i].label, m.p99_ms, m.p50_ms, 100 * m.slo, 100 * m.kv_reuse,
+                            100 * m.emb_hit, 100 * m.stale, 100 * m.kv_given_up, m.emb_given_up);
     }
   }
   absl::StrAppend(&md, "\nFiles: `routing.csv` (every run, each seed), `routing.png`.\n");
@@ -157,7 +134,7 @@ absl::Status Routing(const EvalOptions& o, const Profile& p, Stamp& stamp) {
   absl::StrAppend(&dat, "\n");
   for (size_t g = 0; g < regimes.size(); ++g) {
     absl::StrAppend(&dat, sim::RegimeName(regimes[g]));
-    for (size_t i = 0; i < P; ++i) absl::StrAppendFormat(&dat, " %.4f", mean[g][i][kP99]);
+    for (size_t i = 0; i < P; ++i) absl::StrAppendFormat(&dat, " %.4f", mean[g][i].p99_ms);
     absl::StrAppend(&dat, "\n");
   }
   {
