@@ -31,6 +31,9 @@ void RegisterEvalCommands(CLI::App& app, Run* run) {
   cmd->add_option("--work", options->work_dir, "traces and scratch files, reused (out/eval)");
   cmd->add_option("--seeds", options->seeds, "workload seeds, one trace per regime each (101)")
       ->delimiter(',');
+  cmd->add_option("--layers", options->layers, "HSTU depths of e2e (3,6)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 64));
   cmd->add_option("--jobs", options->jobs, "twin runs at a time (processes)")
       ->check(CLI::Range(1u, 256u));
   cmd->add_flag("--quick", options->quick, "short traces and coarse grids (a smoke run)");

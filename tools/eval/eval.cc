@@ -12,6 +12,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <regex>
 #include <sstream>
 
 #include "absl/strings/match.h"
@@ -199,6 +200,36 @@ absl::StatusOr<std::string> MakeTrace(const EvalOptions& options, const Profile&
   fs::rename(tmp, path, ec);
   if (ec) return absl::UnavailableError(absl::StrCat("cannot write ", path.string()));
   return path.string();
+}
+
+absl::StatusOr<ModelConfig> NodeConfigWithLayers(const EvalOptions& o, const Profile& p,
+                                                 int layers) {
+  const fs::path original = fs::path(o.repo) / p.node_config;
+  std::ifstream in(original);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", original.string()));
+  std::string yaml((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::regex layers_line(R"((\n\s+layers:\s*)(\d+))");
+  std::smatch m;
+  if (!std::regex_search(yaml, m, layers_line)) {
+    return absl::InvalidArgumentError(absl::StrCat(original.string(), ": no model layers line"));
+  }
+  const int own = std::stoi(m[2].str());
+  if (layers <= 0 || own == layers) return ModelConfig{original.string(), own};
+  // (Spliced by position: a "$1" + digits replacement would read as another group.)
+  yaml.replace(static_cast<size_t>(m.position(2)), static_cast<size_t>(m.length(2)),
+               std::to_string(layers));
+  std::smatch shards;
+  if (std::regex_search(yaml, shards, std::regex(R"(\n\s+config:\s*([^\s#]+))")) &&
+      fs::path(shards[1].str()).is_relative()) {
+    yaml.replace(static_cast<size_t>(shards.position(1)), static_cast<size_t>(shards.length(1)),
+                 (fs::absolute(original.parent_path()) / shards[1].str()).string());
+  }
+  const fs::path path =
+      fs::path(o.work_dir) / "configs" / absl::StrCat(p.name, "-node-", layers, "-layers.yaml");
+  std::error_code ec;
+  fs::create_directories(path.parent_path(), ec);
+  std::ofstream(path) << yaml;
+  return ModelConfig{path.string(), layers};
 }
 
 tools::SimSetupOptions SimOptions(const EvalOptions& options, const Profile& profile,
@@ -405,6 +436,10 @@ absl::Status WriteOutput(const EvalOptions& options, const std::string& name,
 
 const std::vector<Experiment>& Experiments() {
   static const std::vector<Experiment>* experiments = new std::vector<Experiment>{
+      {.name = "e2e",
+       .summary = "KV-Opt, the oracle and deployable static α and HLEM per regime, 3 and 6 "
+                  "layers (experiment 1)",
+       .run = EndToEnd},
       {.name = "alpha-sweep",
        .summary = "P99 against a static α per regime, long and short histories (experiment 2)",
        .run = AlphaSweep},

@@ -43,6 +43,7 @@ struct EvalOptions {
   std::string work_dir = "out/eval";  // traces and per-run files (reused when present)
   std::vector<uint64_t> seeds = {101};
   uint32_t jobs = 2;
+  std::vector<int> layers = {3, 6};  // the model depths of experiment 1 (quick: the profile's)
   bool quick = false;
   std::string repo = ".";  // for the commit stamp (git); the configs' paths are relative to it
 };
@@ -72,6 +73,16 @@ struct TraceSpec {
 };
 absl::StatusOr<std::string> MakeTrace(const EvalOptions& options, const Profile& profile,
                                       const TraceSpec& spec);
+
+// The profile's node config with `layers` HSTU layers: the file itself when it has them (or
+// layers <= 0), else a copy under work_dir/configs with the model's layer count changed and its
+// shard file's path made absolute.
+struct ModelConfig {
+  std::string path;
+  int layers = 0;
+};
+absl::StatusOr<ModelConfig> NodeConfigWithLayers(const EvalOptions& options, const Profile& profile,
+                                                 int layers);
 
 // The options of one twin run of the profile over `trace` at a static α.
 tools::SimSetupOptions SimOptions(const EvalOptions& options, const Profile& profile,

@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tools/twin_setup.h"
 
 namespace hlem::eval {
 namespace {
@@ -88,6 +89,24 @@ TEST_F(EvalTest, CachedRunsAreReusedOnlyForTheSameKeyAndACleanCommit) {
   EXPECT_NE(key, RunKey(run, 0.6));
   run.router = "kv_only";
   EXPECT_NE(key, RunKey(run, 0.5));
+}
+
+TEST_F(EvalTest, ADeeperModelIsACopyOfTheNodeConfigThatStillLoads) {
+  const EvalOptions o{.work_dir = dir_.string(), .repo = HLEM_SOURCE_DIR};
+  const Profile paper = *FindProfile("paper", false);
+  const ModelConfig own = *NodeConfigWithLayers(o, paper, 3);
+  EXPECT_EQ(own.layers, 3);
+  EXPECT_EQ(own.path, std::string(HLEM_SOURCE_DIR) + "/sim/profiles/paper/node.yaml");
+  const ModelConfig deep = *NodeConfigWithLayers(o, paper, 6);
+  EXPECT_EQ(deep.layers, 6);
+  const std::string yaml = Read(deep.path);
+  EXPECT_THAT(yaml, HasSubstr("layers: 6"));
+  EXPECT_THAT(yaml, HasSubstr(std::string(HLEM_SOURCE_DIR) + "/sim/profiles/paper/shards.yaml"));
+  auto setup = tools::LoadTwinSetup(
+      {.node_config = deep.path,
+       .costs = std::string(HLEM_SOURCE_DIR) + "/sim/costs/a100-published.yaml"});
+  ASSERT_TRUE(setup.ok()) << setup.status();
+  EXPECT_EQ(setup->twin.node.model.layers, 6);
 }
 
 TEST_F(EvalTest, UnknownNamesAreErrorsThatListTheKnownOnes) {
@@ -179,6 +198,38 @@ TEST_F(EvalTest, RoutingQuickComparesEveryPolicyPerRegime) {
        {"## steady", "## trend", "## burst", "| hlem (configured weights) |"}) {
     EXPECT_THAT(md, HasSubstr(heading));
   }
+}
+
+TEST_F(EvalTest, EndToEndQuickSetsEverySystemSideBySide) {
+  EvalOptions o = QuickLocal();
+  const absl::Status st = RunExperiment("e2e", o);
+  if (std::system("gnuplot --version > /dev/null 2>&1") == 0) {
+    ASSERT_TRUE(st.ok()) << st;
+    EXPECT_EQ(Read(dir_ / "results" / "e2e.png").substr(1, 3), "PNG");
+  } else {
+    EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  }
+  // 3 regimes × (test + training trace) × 3 grid αs, + HLEM on the 3 test traces.
+  const std::string csv = Read(dir_ / "results" / "e2e.csv");
+  int statics = 0, hlem = 0;
+  for (absl::string_view line : absl::StrSplit(csv, '\n', absl::SkipEmpty())) {
+    if (line.front() == '#' || absl::StartsWith(line, "layers,")) continue;
+    const std::vector<std::string> f = absl::StrSplit(line, ',');
+    ASSERT_EQ(f.size(), 19u) << line;
+    EXPECT_EQ(f[6], f[7]) << "every request answered OK: " << line;
+    (f[4] == "hlem" ? hlem : statics) += 1;
+    EXPECT_EQ(f[3], f[2] == "1" ? "train" : "test") << line;
+  }
+  EXPECT_EQ(statics, 18);
+  EXPECT_EQ(hlem, 3);
+  const std::string md = Read(dir_ / "results" / "e2e.md");
+  EXPECT_THAT(md, HasSubstr("## HSTU 2 layers (deployable static α "));
+  for (const char* regime : {"| steady |", "| trend |", "| burst |"}) {
+    EXPECT_THAT(md, HasSubstr(regime));
+  }
+  // The training seed is not a test seed.
+  o.seeds = {1};
+  EXPECT_THAT(std::string(RunExperiment("e2e", o).message()), HasSubstr("training"));
 }
 
 }  // namespace

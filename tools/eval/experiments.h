@@ -6,6 +6,9 @@
 
 namespace hlem::eval {
 
+// Experiment 1: KV-Opt, the oracle and deployable static α, HLEM per regime and depth
+// (end_to_end.cc).
+absl::Status EndToEnd(const EvalOptions& options, const Profile& profile, Stamp& stamp);
 // Experiment 2: P99 against a static α per regime, long and short histories (alpha_sweep.cc).
 absl::Status AlphaSweep(const EvalOptions& options, const Profile& profile, Stamp& stamp);
 // Experiment 6: routing policies at one static α (routing.cc).
