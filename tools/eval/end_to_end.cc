@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -222,21 +221,9 @@ absl::Status EndToEnd(const EvalOptions& o, const Profile& p, Stamp& stamp) {
       "satisfaction ≥ 99.6 % Steady, ≥ 99 % Trend, ≥ 96 % Burst.\n\nFiles: `e2e.csv` (every run: "
       "the grid on every test and training trace, HLEM on the test traces), `e2e.png`.\n");
 
-  const fs::path data = fs::path(o.work_dir) / "plots" / "e2e.dat";
-  {
-    std::error_code ec;
-    fs::create_directories(data.parent_path(), ec);
-    std::ofstream(data) << dat;
-  }
-  const std::string script = absl::StrFormat(
-      "set title 'P99 by system — %s profile (%s)'\nset ylabel 'P99 (ms)'\nset style data "
-      "histograms\nset style histogram clustered gap 1\nset style fill solid 0.8 border -1\nset "
-      "grid ytics\nset key outside right\nset yrange [0:*]\nplot for [i=2:5] '%s' using "
-      "i:xtic(1) title columnheader(i)\n",
-      p.name, stamp.commit, data.string());
-  RETURN_IF_ERROR(WriteOutput(o, "e2e.csv", csv));
-  RETURN_IF_ERROR(WriteOutput(o, "e2e.md", md));
-  return Plot(script, (fs::path(o.out_dir) / "e2e.png").string(), o.work_dir);
+  return WriteBarChartResults(
+      o, "e2e", csv, md, dat, 4,
+      absl::StrFormat("P99 by system — %s profile (%s)", p.name, stamp.commit), "P99 (ms)");
 }
 
 }  // namespace hlem::eval

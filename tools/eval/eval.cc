@@ -451,6 +451,23 @@ const std::vector<Experiment>& Experiments() {
   return *experiments;
 }
 
+absl::Status WriteBarChartResults(const EvalOptions& options, const std::string& name,
+                                  const std::string& csv, const std::string& md,
+                                  const std::string& table, size_t bars, const std::string& title,
+                                  const std::string& ylabel) {
+  const fs::path data = fs::path(options.work_dir) / "plots" / absl::StrCat(name, ".dat");
+  RETURN_IF_ERROR(WriteFileAtomically(data, table));
+  RETURN_IF_ERROR(WriteOutput(options, absl::StrCat(name, ".csv"), csv));
+  RETURN_IF_ERROR(WriteOutput(options, absl::StrCat(name, ".md"), md));
+  const std::string script = absl::StrFormat(
+      "set title '%s'\nset ylabel '%s'\nset style data histograms\nset style histogram "
+      "clustered gap 1\nset style fill solid 0.8 border -1\nset grid ytics\nset key outside "
+      "right\nset yrange [0:*]\nplot for [i=2:%d] '%s' using i:xtic(1) title columnheader(i)\n",
+      title, ylabel, bars + 1, data.string());
+  return Plot(script, (fs::path(options.out_dir) / absl::StrCat(name, ".png")).string(),
+              options.work_dir);
+}
+
 absl::Status RunExperiment(const std::string& name, const EvalOptions& options) {
   ASSIGN_OR_RETURN(const Profile profile, FindProfile(options.profile, options.quick));
   if (options.seeds.empty()) return absl::InvalidArgumentError("--seeds: give at least one");

@@ -136,6 +136,14 @@ Task FiguresTask(const EvalOptions& options, const Stamp& stamp, const tools::Si
 // (scripts/install-deps.sh installs it); FAILED_PRECONDITION when gnuplot is not installed.
 absl::Status Plot(const std::string& script, const std::string& png, const std::string& work_dir);
 
+// Writes out_dir/<name>.csv and <name>.md, then <name>.png: a clustered bar chart of `table`
+// (gnuplot data: a header row of the bars' titles after one for the label column, then a row per
+// cluster: its label and a value per bar), saved under work_dir/plots.
+absl::Status WriteBarChartResults(const EvalOptions& options, const std::string& name,
+                                  const std::string& csv, const std::string& md,
+                                  const std::string& table, size_t bars, const std::string& title,
+                                  const std::string& ylabel);
+
 // Writes `body` to out_dir/name (creating the folder).
 absl::Status WriteOutput(const EvalOptions& options, const std::string& name,
                          const std::string& body);

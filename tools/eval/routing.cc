@@ -5,8 +5,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -19,8 +17,6 @@
 
 namespace hlem::eval {
 namespace {
-
-namespace fs = std::filesystem;
 
 struct Policy {
   std::string label, router;
@@ -128,7 +124,6 @@ absl::Status Routing(const EvalOptions& o, const Profile& p, Stamp& stamp) {
   absl::StrAppend(&md, "\nFiles: `routing.csv` (every run, each seed), `routing.png`.\n");
 
   // The plot: P99 per policy, a cluster per regime.
-  const fs::path data = fs::path(o.work_dir) / "plots" / "routing.dat";
   std::string dat = "regime";
   for (const Policy& policy : policies) absl::StrAppend(&dat, " \"", policy.label, "\"");
   absl::StrAppend(&dat, "\n");
@@ -137,20 +132,10 @@ absl::Status Routing(const EvalOptions& o, const Profile& p, Stamp& stamp) {
     for (size_t i = 0; i < P; ++i) absl::StrAppendFormat(&dat, " %.4f", mean[g][i].p99_ms);
     absl::StrAppend(&dat, "\n");
   }
-  {
-    std::error_code ec;
-    fs::create_directories(data.parent_path(), ec);
-    std::ofstream(data) << dat;
-  }
-  const std::string script = absl::StrFormat(
-      "set title 'P99 by routing policy at α %.1f — %s profile (%s)'\nset ylabel 'P99 (ms)'\n"
-      "set style data histograms\nset style histogram clustered gap 1\nset style fill solid "
-      "0.8 border -1\nset grid ytics\nset key outside right\nset yrange [0:*]\n"
-      "plot for [i=2:%d] '%s' using i:xtic(1) title columnheader(i)\n",
-      kAlpha, p.name, stamp.commit, P + 1, data.string());
-  RETURN_IF_ERROR(WriteOutput(o, "routing.csv", csv));
-  RETURN_IF_ERROR(WriteOutput(o, "routing.md", md));
-  return Plot(script, (fs::path(o.out_dir) / "routing.png").string(), o.work_dir);
+  return WriteBarChartResults(o, "routing", csv, md, dat, P,
+                              absl::StrFormat("P99 by routing policy at α %.1f — %s profile (%s)",
+                                              kAlpha, p.name, stamp.commit),
+                              "P99 (ms)");
 }
 
 }  // namespace hlem::eval
