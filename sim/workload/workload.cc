@@ -262,6 +262,7 @@ void WorkloadGenerator::PlanBursts() {
     if (p.regime == Regime::kBurst && p.bursts_per_hour > 0) {
       const double mean_gap_ns = 3600e9 / p.bursts_per_hour;
       double t = static_cast<double>(start);
+      const size_t before = bursts_.size();
       while (true) {
         t += -std::log(1 - Unit(rng)) * mean_gap_ns;
         if (t >= static_cast<double>(end)) break;
@@ -271,6 +272,16 @@ void WorkloadGenerator::PlanBursts() {
         const uint64_t e = std::min(end, b + windows * window_ns);
         bursts_.emplace_back(b, e);
         t = static_cast<double>(e);  // spikes do not overlap
+      }
+      if (bursts_.size() == before) {
+        // A burst phase holds at least one spike: a short phase at a low rate would otherwise
+        // often be a steady one (3 minutes at 60 an hour: 5 %). Placed uniformly where its
+        // shortest length fits.
+        const uint64_t windows = p.burst_min_windows;
+        const uint64_t room =
+            end - start > windows * window_ns ? end - start - windows * window_ns : 0;
+        const uint64_t b = start + static_cast<uint64_t>(Unit(rng) * static_cast<double>(room));
+        bursts_.emplace_back(b, std::min(end, b + windows * window_ns));
       }
     }
     start = end;

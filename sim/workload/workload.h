@@ -32,7 +32,8 @@
 //   steady  p_hot = hot_ratio;
 //   trend   p_hot moves linearly from hot_ratio to hot_ratio_end over the phase;
 //   burst   p_hot = hot_ratio, except during spikes (Poisson, bursts_per_hour) lasting
-//           burst_min_windows..burst_max_windows windows at burst_ratio.
+//           burst_min_windows..burst_max_windows windows at burst_ratio; a phase holds at
+//           least one (placed uniformly when the Poisson draw gives none).
 
 #include <cstdint>
 #include <deque>
@@ -67,6 +68,10 @@ struct Phase {
   double bursts_per_hour = 20;
   uint32_t burst_min_windows = 3, burst_max_windows = 5;
 };
+
+// Bumped whenever a config generates other requests than before (1: the first; 2: every burst
+// phase holds a spike). Tools that cache traces by their config key them by it too.
+inline constexpr int kGeneratorVersion = 2;
 
 struct WorkloadConfig {
   uint64_t seed = 1;

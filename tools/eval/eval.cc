@@ -187,8 +187,8 @@ absl::StatusOr<std::string> MakeTrace(const EvalOptions& options, const Profile&
   const std::string canonical = sim::WorkloadConfigYaml(c);
   const fs::path path =
       fs::path(options.work_dir) / "traces" /
-      absl::StrFormat("%s-%s-seed%d-%016x.trace", profile.name, sim::RegimeName(spec.regime),
-                      spec.seed, NameHash(canonical));
+      absl::StrFormat("%s-%s-seed%d-g%d-%016x.trace", profile.name, sim::RegimeName(spec.regime),
+                      spec.seed, sim::kGeneratorVersion, NameHash(canonical));
   if (fs::exists(path)) return path.string();
   ASSIGN_OR_RETURN(std::unique_ptr<sim::WorkloadGenerator> generator,
                    sim::WorkloadGenerator::Create(c));
@@ -364,6 +364,12 @@ absl::StatusOr<std::vector<std::string>> RunParallel(const std::vector<Task>& ta
   auto finish_one = [&]() {
     int status = 0;
     const pid_t pid = waitpid(-1, &status, 0);
+    if (pid < 0) {  // no child left to wait for (SIGCHLD ignored?): the runs are lost
+      if (first_error.ok()) first_error = absl::InternalError("waitpid failed: runs lost");
+      done += running.size();
+      running.clear();
+      return;
+    }
     auto it = running.find(pid);
     if (it == running.end()) return;
     const size_t i = it->second;
