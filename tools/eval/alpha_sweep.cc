@@ -90,11 +90,8 @@ absl::Status AlphaSweep(const EvalOptions& o, const Profile& p, Stamp& stamp) {
       runs.push_back(FiguresTask(o, stamp, SimOptions(o, p, trace, alpha), alpha));
     }
   }
-  std::fprintf(stderr, "  %zu traces, %zu twin runs, %u at a time\n", traces.size(), runs.size(),
-               o.jobs);
-  const auto start = std::chrono::steady_clock::now();
-  ASSIGN_OR_RETURN(const std::vector<std::string> rows, RunParallel(runs, o.jobs, o.work_dir));
-  stamp.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSIGN_OR_RETURN(const std::vector<std::string> rows,
+                   RunExperimentRuns(o, traces.size(), runs, stamp));
 
   // rows[(series · seeds + seed) · alphas + a]
   std::string csv =

@@ -118,11 +118,8 @@ absl::Status EndToEnd(const EvalOptions& o, const Profile& p, Stamp& stamp) {
                      tools::PrepareSim(SimOptions(o, p, traces.front(), 0)));
     stamp.device = setup.twin.costs.device;
   }
-  std::fprintf(stderr, "  %zu traces, %zu twin runs, %u at a time\n", traces.size(), runs.size(),
-               o.jobs);
-  const auto start = std::chrono::steady_clock::now();
-  ASSIGN_OR_RETURN(const std::vector<std::string> rows, RunParallel(runs, o.jobs, o.work_dir));
-  stamp.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSIGN_OR_RETURN(const std::vector<std::string> rows,
+                   RunExperimentRuns(o, traces.size(), runs, stamp));
 
   // Back in the order they were made.
   std::string csv = absl::StrCat(stamp.CsvComment(), "layers,regime,seed,role,run,alpha,",

@@ -329,6 +329,18 @@ std::string RunKey(const tools::SimSetupOptions& o, double alpha) {
       o.slo_ms, o.warmup_s, alpha);
 }
 
+absl::StatusOr<std::vector<std::string>> RunExperimentRuns(const EvalOptions& options,
+                                                           size_t traces,
+                                                           const std::vector<Task>& runs,
+                                                           Stamp& stamp) {
+  std::fprintf(stderr, "  %zu traces, %zu twin runs, %u at a time\n", traces, runs.size(),
+               options.jobs);
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<std::vector<std::string>> rows = RunParallel(runs, options.jobs, options.work_dir);
+  stamp.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return rows;
+}
+
 Task CachedRun(const EvalOptions& options, const Stamp& stamp, const std::string& key, Task run) {
   if (stamp.commit == "unknown" || absl::EndsWith(stamp.commit, "-dirty")) return run;
   const std::string full = absl::StrCat("commit=", stamp.commit, " ", key);
@@ -443,8 +455,8 @@ absl::Status WriteOutput(const EvalOptions& options, const std::string& name,
 const std::vector<Experiment>& Experiments() {
   static const std::vector<Experiment>* experiments = new std::vector<Experiment>{
       {.name = "e2e",
-       .summary = "KV-Opt, the oracle and deployable static α and HLEM per regime, 3 and 6 "
-                  "layers (experiment 1)",
+       .summary = "KV-Opt, the oracle and deployable static α and HLEM per regime and HSTU "
+                  "depth (--layers; experiment 1)",
        .run = EndToEnd},
       {.name = "alpha-sweep",
        .summary = "P99 against a static α per regime, long and short histories (experiment 2)",

@@ -124,6 +124,12 @@ using Task = std::function<absl::StatusOr<std::string>()>;
 absl::StatusOr<std::vector<std::string>> RunParallel(const std::vector<Task>& tasks, uint32_t jobs,
                                                      const std::string& work_dir);
 
+// An experiment's twin runs (RunParallel), announced on stderr, their wall time into the stamp.
+absl::StatusOr<std::vector<std::string>> RunExperimentRuns(const EvalOptions& options,
+                                                           size_t traces,
+                                                           const std::vector<Task>& runs,
+                                                           Stamp& stamp);
+
 // `run`, cached under work_dir/runs/ by `key` and the commit: the twin is deterministic, so the
 // same code, inputs and options give the same figures (an experiment reuses another's runs).
 // Nothing is cached when the commit is unknown or the tree has changes (the code may differ).

@@ -65,11 +65,8 @@ absl::Status Routing(const EvalOptions& o, const Profile& p, Stamp& stamp) {
       runs.push_back(FiguresTask(o, stamp, options, kAlpha));
     }
   }
-  std::fprintf(stderr, "  %zu traces, %zu twin runs, %u at a time\n", traces.size(), runs.size(),
-               o.jobs);
-  const auto start = std::chrono::steady_clock::now();
-  ASSIGN_OR_RETURN(const std::vector<std::string> rows, RunParallel(runs, o.jobs, o.work_dir));
-  stamp.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSIGN_OR_RETURN(const std::vector<std::string> rows,
+                   RunExperimentRuns(o, traces.size(), runs, stamp));
 
   // rows[(regime · seeds + seed) · policies + policy]; means over seeds.
   std::string csv =
