@@ -1,5 +1,6 @@
 #include "common/logging.h"
 
+#include <cstdlib>
 #include <utility>
 #include <vector>
 
@@ -131,6 +132,13 @@ std::shared_ptr<spdlog::logger> GetLogger(std::string_view component) {
   auto it = st.loggers.find(AsAbsl(component));
   if (it != st.loggers.end()) return it->second;
   return NewLogger(st, std::string(component));
+}
+
+void CheckFailed(std::string_view component, std::string_view message) {
+  std::shared_ptr<spdlog::logger> log = GetLogger(component);
+  log->critical("check_failed {}", message);
+  log->flush();
+  std::abort();
 }
 
 bool LogRateLimiter::Allow() {

@@ -33,6 +33,10 @@ absl::Status InitLogging(const LoggingOptions& options);
 // The logger of `component`, created on first use and shared afterwards.
 std::shared_ptr<spdlog::logger> GetLogger(std::string_view component);
 
+// Logs "check_failed <message>" at critical level on `component`'s logger and aborts: for broken
+// invariants (a bug, never bad input).
+[[noreturn]] void CheckFailed(std::string_view component, std::string_view message);
+
 // Lets one message through per `period` and counts the rest:
 //   if (limiter.Allow()) log->warn("queue_full suppressed={}", limiter.suppressed());
 class LogRateLimiter {

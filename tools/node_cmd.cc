@@ -48,7 +48,7 @@ int Report(const grpc::Status& s, const std::string& what) {
   return 1;
 }
 
-int Info(const std::string& address) {
+int PrintNodeInfo(const std::string& address) {
   auto stub = NodeStub(address);
   v1::NodeInfo info;
   if (grpc::Status s = GetInfo(*stub, &info); !s.ok()) return Report(s, address);
@@ -304,7 +304,7 @@ void RegisterNodeCommands(CLI::App& app, Run* run) {
   auto address = std::make_shared<std::string>();
   auto* info = node->add_subcommand("info", "print a node's GetNodeInfo");
   info->add_option("--server", *address, "serving gRPC address host:port")->required();
-  info->callback([=] { *run = [=] { return Info(*address); }; });
+  info->callback([=] { *run = [=] { return PrintNodeInfo(*address); }; });
 
   auto windows = std::make_shared<uint32_t>(12);
   auto* state = node->add_subcommand("state", "print a node's window statistics and gauges");

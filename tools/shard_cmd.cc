@@ -121,7 +121,7 @@ int Fetch(const FetchFlags& f) {
   return failed == 0 && wrong == 0 ? 0 : 1;
 }
 
-int Info(const std::string& address) {
+int PrintShardInfo(const std::string& address) {
   shard::GrpcShardTransport grpc({address});
   grpc::ClientContext context;
   SetDeadline(context, absl::Now() + absl::Seconds(5));
@@ -173,7 +173,7 @@ void RegisterShardCommands(CLI::App& app, Run* run) {
   auto address = std::make_shared<std::string>();
   auto* info = shard->add_subcommand("info", "print a shard's GetShardInfo and UCX setup");
   info->add_option("--server", *address, "gRPC address host:port")->required();
-  info->callback([=] { *run = [=] { return Info(*address); }; });
+  info->callback([=] { *run = [=] { return PrintShardInfo(*address); }; });
 }
 
 }  // namespace hlem::tools

@@ -50,7 +50,7 @@ struct SimFlags {
   bool quiet = false, calibrate_costs = true;
 };
 
-int Fail(absl::string_view what, const absl::Status& st) { return tools::Fail("sim", what, st); }
+int SimFail(absl::string_view what, const absl::Status& st) { return tools::Fail("sim", what, st); }
 
 absl::StatusOr<SimSetup> Prepare(const SimFlags& f) {
   return PrepareSim({.trace = f.trace,
@@ -78,9 +78,9 @@ int WriteFile(const std::string& path, const std::string& body) {
 
 int RunSim(const SimFlags& f) {
   absl::StatusOr<SimSetup> s = Prepare(f);
-  if (!s.ok()) return Fail("setup", s.status());
+  if (!s.ok()) return SimFail("setup", s.status());
   absl::StatusOr<SimRunResult> r = RunOnce(*s, f.alpha);
-  if (!r.ok()) return Fail("run", r.status());
+  if (!r.ok()) return SimFail("run", r.status());
   std::printf("sim: %s, %u nodes, alpha %.2f, router %s, costs %s (%s)\n%s%s%s", f.trace.c_str(),
               f.nodes, f.alpha, f.router.c_str(), f.costs.c_str(), s->twin.costs.device.c_str(),
               loadgen::FormatReport(r->report, s->slo_ms).c_str(), r->nodes.c_str(),
@@ -98,14 +98,14 @@ int RunSim(const SimFlags& f) {
 
 int Sweep(const SimFlags& f) {
   absl::StatusOr<SimSetup> s = Prepare(f);
-  if (!s.ok()) return Fail("setup", s.status());
+  if (!s.ok()) return SimFail("setup", s.status());
   std::vector<double> alphas;
   for (absl::string_view part :
        absl::StrSplit(f.alphas, absl::ByAnyChar(", "), absl::SkipEmpty())) {
     double a = 0;
     if (!absl::SimpleAtod(part, &a) || !(a >= 0 && a <= 1)) {
-      return Fail("--alphas",
-                  absl::InvalidArgumentError(absl::StrCat("'", part, "' is not an α in [0, 1]")));
+      return SimFail("--alphas", absl::InvalidArgumentError(
+                                     absl::StrCat("'", part, "' is not an α in [0, 1]")));
     }
     alphas.push_back(a);
   }
@@ -121,7 +121,7 @@ int Sweep(const SimFlags& f) {
   double best_alpha = -1, best_reward = 0;
   for (double alpha : alphas) {
     absl::StatusOr<SimRunResult> r = RunOnce(*s, alpha);
-    if (!r.ok()) return Fail(absl::StrCat("run at alpha ", alpha), r.status());
+    if (!r.ok()) return SimFail(absl::StrCat("run at alpha ", alpha), r.status());
     const loadgen::Summary& o = r->report.overall;
     const double reward = RunReward(o, s->slo_ms);
     std::printf("%6.2f %9llu %9.2f %9.2f %9.2f %8.2f %8.1f %8.4f\n", alpha,
@@ -142,15 +142,15 @@ int Sweep(const SimFlags& f) {
 
 int Oracle(const SimFlags& f) {
   absl::StatusOr<SimSetup> s = Prepare(f);
-  if (!s.ok()) return Fail("setup", s.status());
+  if (!s.ok()) return SimFail("setup", s.status());
   sim::TwinOptions options = s->twin;
   options.alpha = f.alpha;
   auto twin = sim::Twin::Create(options, s->workload);
-  if (!twin.ok()) return Fail("setup", twin.status());
+  if (!twin.ok()) return SimFail("setup", twin.status());
   auto reader = sim::TraceReader::Open(s->trace);
-  if (!reader.ok()) return Fail("--trace", reader.status());
+  if (!reader.ok()) return SimFail("--trace", reader.status());
   TraceSource source{.reader = std::move(*reader)};
-  if (absl::Status st = (*twin)->Start(source.Next()); !st.ok()) return Fail("run", st);
+  if (absl::Status st = (*twin)->Start(source.Next()); !st.ok()) return SimFail("run", st);
   const sim::OracleOptions o{.window = s->workload.window,
                              .slo = absl::Microseconds(static_cast<int64_t>(s->slo_ms * 1e3))};
   const bool star = f.follow == "star";
@@ -165,9 +165,9 @@ int Oracle(const SimFlags& f) {
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<std::vector<sim::WindowOracle>> result = sim::WindowAlphaStar(
       **twin, o, [&](uint64_t, double alpha_star) { return star ? alpha_star : f.alpha; });
-  if (!result.ok()) return Fail("oracle", result.status());
-  if (absl::Status st = (*twin)->Finish(); !st.ok()) return Fail("run", st);
-  if (!source.error.ok()) return Fail("--trace", source.error);
+  if (!result.ok()) return SimFail("oracle", result.status());
+  if (absl::Status st = (*twin)->Finish(); !st.ok()) return SimFail("run", st);
+  if (!source.error.ok()) return SimFail("--trace", source.error);
   std::string csv =
       "window,requests,alpha_star,reward_star,alpha_followed,reward_followed,unimodal,curve\n";
   double sum = 0;
@@ -317,16 +317,16 @@ std::string StageLine(const char* name, const sim::StageMedians& m) {
 // Fits the cost model to a real run's per-stage timings (sim/twin/fit.h).
 int Fit(const FitFlags& f) {
   absl::StatusOr<SimSetup> s = Prepare(f.sim);
-  if (!s.ok()) return Fail("setup", s.status());
+  if (!s.ok()) return SimFail("setup", s.status());
   absl::StatusOr<std::vector<loadgen::Outcome>> real = ReadOutcomes(f.real);
-  if (!real.ok()) return Fail("--real", real.status());
+  if (!real.ok()) return SimFail("--real", real.status());
   std::vector<sim::TwinOutcome> real_twin;
   for (const loadgen::Outcome& o : *real) real_twin.push_back(AsTwinOutcome(o));
   const sim::StageMedians real_medians = sim::MedianStages(real_twin, s->warmup_ns);
   if (real_medians.compute_ms <= 0) {
-    return Fail("--real", absl::InvalidArgumentError(
-                              "no stage timings (compute_ms is zero or missing): a CSV of "
-                              "`hlem loadgen --csv` from this version is needed"));
+    return SimFail("--real", absl::InvalidArgumentError(
+                                 "no stage timings (compute_ms is zero or missing): a CSV of "
+                                 "`hlem loadgen --csv` from this version is needed"));
   }
   std::printf("sim fit: %s against %s, alpha %.2f, %u nodes, start %s\n", f.real.c_str(),
               f.sim.trace.c_str(), f.sim.alpha, f.sim.nodes, f.sim.costs.c_str());
@@ -353,7 +353,7 @@ int Fit(const FitFlags& f) {
   double real_cpu = 0;  // per request, seconds
   if (!f.cpu.empty()) {
     absl::StatusOr<double> total = ReadCpuSeconds(f.cpu);
-    if (!total.ok()) return Fail("--cpu", total.status());
+    if (!total.ok()) return SimFail("--cpu", total.status());
     real_cpu = *total / static_cast<double>(real->size());
     std::printf("real cpu/request %.3f ms (%s: %.1f s over %zu requests)\n", real_cpu * 1e3,
                 f.cpu.c_str(), *total, real->size());
@@ -363,7 +363,7 @@ int Fit(const FitFlags& f) {
                     {.max_iterations = f.max_iterations,
                      .real_cpu_per_request = real_cpu,
                      .slowdown_quantiles = f.slowdown_quantiles});
-  if (!fit.ok()) return Fail("fit", fit.status());
+  if (!fit.ok()) return SimFail("fit", fit.status());
   sim::CostModel costs = fit->costs;
   costs.source = absl::StrFormat(
       "hlem sim fit --real %s (%d OK answers after %.0f s of warm-up) --trace %s --alpha %.2f "
@@ -397,7 +397,7 @@ int Compare(const CompareFlags& f) {
   for (const std::string& path : {f.real, f.sim, f.real2}) {
     if (path.empty()) continue;
     absl::StatusOr<std::vector<loadgen::Outcome>> o = ReadOutcomes(path);
-    if (!o.ok()) return Fail(path, o.status());
+    if (!o.ok()) return SimFail(path, o.status());
     runs.push_back(std::move(*o));
   }
   const auto pool = static_cast<uint64_t>(f.pool_s * 1e9);

@@ -39,7 +39,7 @@ struct TrainFlags {
   allocator::PpoOptions ppo;
 };
 
-int Fail(absl::string_view what, const absl::Status& st) {
+int TrainFail(absl::string_view what, const absl::Status& st) {
   return tools::Fail("train-ppo", what, st);
 }
 
@@ -62,21 +62,23 @@ int Train(TrainFlags f) {
   for (absl::string_view w : absl::StrSplit(f.hidden, ',')) {
     uint32_t v = 0;
     if (!absl::SimpleAtoi(w, &v) || v == 0 || v > 1024) {
-      return Fail("--hidden", absl::InvalidArgumentError(
-                                  "expected comma-separated layer widths in 1..1024, e.g. 64,64"));
+      return TrainFail("--hidden",
+                       absl::InvalidArgumentError(
+                           "expected comma-separated layer widths in 1..1024, e.g. 64,64"));
     }
     f.ppo.hidden.push_back(v);
   }
   absl::StatusOr<TwinSetup> setup = LoadTwinSetup(f.files);
-  if (!setup.ok()) return Fail("setup", setup.status());
+  if (!setup.ok()) return TrainFail("setup", setup.status());
   std::ifstream in(f.workload);
-  if (!in) return Fail("--workload", absl::NotFoundError(absl::StrCat("cannot read ", f.workload)));
+  if (!in)
+    return TrainFail("--workload", absl::NotFoundError(absl::StrCat("cannot read ", f.workload)));
   const std::string yaml((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   absl::StatusOr<sim::WorkloadConfig> base = sim::ParseWorkloadConfig(yaml);
-  if (!base.ok()) return Fail("--workload", base.status());
+  if (!base.ok()) return TrainFail("--workload", base.status());
   absl::StatusOr<std::unique_ptr<allocator::PpoAgent>> made =
       allocator::PpoAgent::Create(allocator::kNumFeatures, allocator::kActions.size(), f.ppo);
-  if (!made.ok()) return Fail("options", made.status());
+  if (!made.ok()) return TrainFail("options", made.status());
   allocator::PpoAgent& agent = **made;
   const sim::TrainingSpread spread{.length = absl::Seconds(f.episode_s)};
   const sim::ControlOptions control{.window = setup->window};
@@ -101,20 +103,21 @@ int Train(TrainFlags f) {
       const sim::WorkloadConfig w = sim::TrainingWorkload(*base, spread, f.ppo.seed, trace, &alpha);
       absl::StatusOr<std::vector<allocator::PpoEpisode>> episodes = sim::CollectEpisodes(
           setup->twin, w, alpha, agent, KeyedHash(f.ppo.seed, trace, 0x616374), control);
-      if (!episodes.ok()) return Fail(absl::StrCat("trace ", trace), episodes.status());
+      if (!episodes.ok()) return TrainFail(absl::StrCat("trace ", trace), episodes.status());
       ++trace;
       for (allocator::PpoEpisode& e : *episodes) {
         steps += e.steps.size();
         batch.push_back(std::move(e));
       }
       if (steps == 0 && trace - first > 3) {
-        return Fail("--episode-s", absl::InvalidArgumentError(
-                                       "three traces gave no decisions: episodes need at least "
+        return TrainFail(
+            "--episode-s",
+            absl::InvalidArgumentError("three traces gave no decisions: episodes need at least "
                                        "two decision windows"));
       }
     }
     absl::StatusOr<allocator::PpoUpdateStats> stats = agent.Update(batch);
-    if (!stats.ok()) return Fail("update", stats.status());
+    if (!stats.ok()) return TrainFail("update", stats.status());
     last = *stats;
     const double wall =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -129,7 +132,7 @@ int Train(TrainFlags f) {
                           stats->explained_var, wall);
   }
   absl::StatusOr<allocator::Mlp> actor = agent.ExportActor();
-  if (!actor.ok()) return Fail("export", actor.status());
+  if (!actor.ok()) return TrainFail("export", actor.status());
   const std::string body = absl::StrCat(
       "# The allocator's PPO base policy (the actor; ARCHITECTURE §3, issue 7), trained in the\n"
       "# digital twin. Reproduce it (same machine, same commit: byte for byte) with\n#   ",
@@ -142,7 +145,7 @@ int Train(TrainFlags f) {
     if (path.empty()) continue;
     std::ofstream out(path);
     out << text;
-    if (!out) return Fail("output", absl::InternalError(absl::StrCat("cannot write ", path)));
+    if (!out) return TrainFail("output", absl::InternalError(absl::StrCat("cannot write ", path)));
   }
   std::printf("wrote %s (%zu actor parameters)\n", f.out.empty() ? "nothing" : f.out.c_str(),
               actor->parameters());

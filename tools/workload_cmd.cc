@@ -21,14 +21,14 @@ namespace hlem::tools {
 namespace {
 
 struct GenerateArgs {
-  std::string config, out, regime, duration;
+  std::string config, out, regime, duration, phase_duration;
   uint64_t seed = 0;
   double rate = 0;
   bool seed_set = false;
   bool explicit_events = false;
 };
 
-int Fail(absl::string_view what, const absl::Status& st) {
+int WorkloadFail(absl::string_view what, const absl::Status& st) {
   return tools::Fail("workload", what, st);
 }
 
@@ -36,13 +36,14 @@ int Generate(const GenerateArgs& a) {
   std::string yaml;
   if (!a.config.empty()) {
     std::ifstream in(a.config);
-    if (!in) return Fail("--config", absl::NotFoundError(absl::StrCat("cannot read ", a.config)));
+    if (!in)
+      return WorkloadFail("--config", absl::NotFoundError(absl::StrCat("cannot read ", a.config)));
     std::stringstream ss;
     ss << in.rdbuf();
     yaml = ss.str();
   }
   absl::StatusOr<sim::WorkloadConfig> config = sim::ParseWorkloadConfig(yaml);
-  if (!config.ok()) return Fail(a.config.empty() ? "defaults" : a.config, config.status());
+  if (!config.ok()) return WorkloadFail(a.config.empty() ? "defaults" : a.config, config.status());
   if (a.seed_set) config->seed = a.seed;
   if (a.rate > 0) config->rate = a.rate;
   if (!a.regime.empty() || !a.duration.empty()) {
@@ -54,16 +55,25 @@ int Generate(const GenerateArgs& a) {
                                            : sim::Regime::kSteady;
     }
     if (!a.duration.empty() && !absl::ParseDuration(a.duration, &phase.duration)) {
-      return Fail("--duration", absl::InvalidArgumentError(absl::StrCat(
-                                    "'", a.duration, "' is not a duration (5m, 90s)")));
+      return WorkloadFail("--duration", absl::InvalidArgumentError(absl::StrCat(
+                                            "'", a.duration, "' is not a duration (5m, 90s)")));
     }
     config->phases = {phase};
   }
+  if (!a.phase_duration.empty()) {
+    absl::Duration d;
+    if (!absl::ParseDuration(a.phase_duration, &d) || d <= absl::ZeroDuration()) {
+      return WorkloadFail("--phase-duration",
+                          absl::InvalidArgumentError(absl::StrCat(
+                              "'", a.phase_duration, "' is not a positive duration (5m, 90s)")));
+    }
+    for (sim::Phase& p : config->phases) p.duration = d;
+  }
   auto generator = sim::WorkloadGenerator::Create(*config);
-  if (!generator.ok()) return Fail("config", generator.status());
+  if (!generator.ok()) return WorkloadFail("config", generator.status());
   const absl::Time start = absl::Now();
   absl::StatusOr<uint64_t> n = sim::WriteTrace(**generator, a.out, !a.explicit_events);
-  if (!n.ok()) return Fail(a.out, n.status());
+  if (!n.ok()) return WorkloadFail(a.out, n.status());
   std::printf(
       "wrote %s: %llu requests over %.0f s (seed %llu) in %.1f s\n", a.out.c_str(),
       static_cast<unsigned long long>(*n), static_cast<double>((*generator)->duration_ns()) / 1e9,
@@ -73,15 +83,15 @@ int Generate(const GenerateArgs& a) {
 
 int Stats(const std::string& path, bool per_window) {
   auto reader = sim::TraceReader::Open(path);
-  if (!reader.ok()) return Fail(path, reader.status());
+  if (!reader.ok()) return WorkloadFail(path, reader.status());
   absl::StatusOr<sim::WorkloadConfig> config =
       sim::ParseWorkloadConfig((*reader)->header().config_yaml);
-  if (!config.ok()) return Fail(absl::StrCat(path, ": header config"), config.status());
+  if (!config.ok()) return WorkloadFail(absl::StrCat(path, ": header config"), config.status());
   sim::TraceAnalyzer analyzer(sim::StatsOptionsFor(*config), config->features.size());
   sim::TraceRequest r;
   while (true) {
     absl::StatusOr<bool> more = (*reader)->Next(&r);
-    if (!more.ok()) return Fail(path, more.status());
+    if (!more.ok()) return WorkloadFail(path, more.status());
     if (!*more) break;
     analyzer.Add(r);
   }
@@ -124,12 +134,12 @@ int Stats(const std::string& path, bool per_window) {
 
 int Show(const std::string& path, uint64_t count) {
   auto reader = sim::TraceReader::Open(path);
-  if (!reader.ok()) return Fail(path, reader.status());
+  if (!reader.ok()) return WorkloadFail(path, reader.status());
   const size_t F = (*reader)->header().features.size();
   sim::TraceRequest r;
   for (uint64_t i = 0; i < count; ++i) {
     absl::StatusOr<bool> more = (*reader)->Next(&r);
-    if (!more.ok()) return Fail(path, more.status());
+    if (!more.ok()) return WorkloadFail(path, more.status());
     if (!*more) break;
     std::printf("t=%.6fs user=%llu prior_events=%llu new_events=%zu candidates=%zu first_event=[",
                 static_cast<double>(r.t_ns) / 1e9, static_cast<unsigned long long>(r.user),
@@ -158,7 +168,13 @@ void RegisterWorkloadCommands(CLI::App& app, Run* run) {
       ->check(CLI::PositiveNumber);
   generate->add_option("--regime", g->regime, "one phase of this regime instead of the config's")
       ->check(CLI::IsMember({"steady", "trend", "burst"}));
-  generate->add_option("--duration", g->duration, "with --regime: the phase's length (e.g. 5m)");
+  CLI::Option* duration = generate->add_option("--duration", g->duration,
+                                               "with --regime: the phase's length (e.g. 5m)");
+  generate
+      ->add_option("--phase-duration", g->phase_duration,
+                   "every phase of the config lasts this long (e.g. 45s), in the config's order")
+      ->excludes("--regime")
+      ->excludes(duration);
   generate->add_flag("--explicit-events", g->explicit_events,
                      "write every event's feature ids (default: only their count; readers "
                      "regenerate them from the header's generator config)");

@@ -17,7 +17,6 @@ using testing::PlantWindow;
 using testing::Regime;
 using testing::RunPlant;
 
-constexpr double kSlo = testing::kPlantSlo;
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 constexpr bool kSanitized = true;  // 10-50× slower: the seed sweep is left to release builds
 #else
@@ -51,10 +50,13 @@ std::unique_ptr<Controller> UnditheredAdapter(double target) {
 
 TEST(AdapterTest, LearningRateFollowsTheLatencySurprise) {
   AdapterOptions o;
-  EXPECT_DOUBLE_EQ(AdapterLearningRate(o, 0.030, 0.030, kSlo), 0.0);  // steady: no learning
-  EXPECT_NEAR(AdapterLearningRate(o, 0.045, 0.030, kSlo), 1e-3 * 0.5, 1e-15);
-  EXPECT_NEAR(AdapterLearningRate(o, 0.015, 0.030, kSlo), 1e-3 * 0.5, 1e-15);      // either way
-  EXPECT_NEAR(AdapterLearningRate(o, 3.0, 0.030, kSlo), 1e-3 * o.eta_cap, 1e-15);  // capped
+  EXPECT_DOUBLE_EQ(AdapterLearningRate(o, 0.030, 0.030, testing::kPlantSlo),
+                   0.0);  // steady: no learning
+  EXPECT_NEAR(AdapterLearningRate(o, 0.045, 0.030, testing::kPlantSlo), 1e-3 * 0.5, 1e-15);
+  EXPECT_NEAR(AdapterLearningRate(o, 0.015, 0.030, testing::kPlantSlo), 1e-3 * 0.5,
+              1e-15);  // either way
+  EXPECT_NEAR(AdapterLearningRate(o, 3.0, 0.030, testing::kPlantSlo), 1e-3 * o.eta_cap,
+              1e-15);                                              // capped
   EXPECT_DOUBLE_EQ(AdapterLearningRate(o, 0.045, 0.030, 0), 0.0);  // no SLO: nothing to scale by
 }
 
@@ -155,12 +157,6 @@ TEST(AdapterTest, RejectsBadOptions) {
   EXPECT_FALSE(MakeAdapter(std::make_unique<TowardController>(0.5), o).ok());
 }
 
-double MeanGap(const std::vector<double>& alphas, size_t from, size_t n, double alpha_star) {
-  double sum = 0;
-  for (size_t t = from; t < from + n; ++t) sum += std::abs(alphas[t] - alpha_star);
-  return sum / static_cast<double>(n);
-}
-
 // The gap cut of the adapter on `base` after a shift: α* 0.5 → 0.22 (hot-user ratio 0.2 → 0.55,
 // sequences 0.5 → 0.9 of the maximum) after 30 windows; mean |α − α*| over the 12 windows after
 // the shift, base alone vs base + adapter, on one noise seed. Returns 1 − gap(adapter) ÷ gap(base).
@@ -174,8 +170,8 @@ double GapCut(const std::function<std::unique_ptr<Controller>()>& base, uint64_t
   if (only == nullptr || !smart.ok()) return 0;
   const std::vector<double> a_only = RunPlant(*only, regimes, 0.5, seed);
   const std::vector<double> a_smart = RunPlant(**smart, regimes, 0.5, seed);
-  const double gap_only = MeanGap(a_only, 30, 12, after.alpha_star);
-  const double gap_smart = MeanGap(a_smart, 30, 12, after.alpha_star);
+  const double gap_only = testing::MeanGap(a_only, 30, 42, after.alpha_star);
+  const double gap_smart = testing::MeanGap(a_smart, 30, 42, after.alpha_star);
   if (print) {
     std::printf(
         "seed %lu: mean |alpha - alpha*| over the 12 windows after the shift: base %.3f, "

@@ -32,12 +32,6 @@ std::vector<Case> Baselines() {
           {"xgboost", [] { return *MakeXgbLatency(); }}};
 }
 
-double MeanGap(const std::vector<double>& alphas, size_t from, size_t to, double alpha_star) {
-  double sum = 0;
-  for (size_t t = from; t < to; ++t) sum += std::abs(alphas[t] - alpha_star);
-  return sum / static_cast<double>(to - from);
-}
-
 TEST(BaselinesTest, StayInBoundsWithAReasonAndHoldWithoutRequests) {
   for (const Case& c : Baselines()) {
     std::unique_ptr<Controller> ctl = c.make();
@@ -70,7 +64,8 @@ TEST(BaselinesTest, EachClosesMostOfAGapAndFollowsAShift) {
   for (const Case& c : Baselines()) {
     std::unique_ptr<Controller> ctl = c.make();
     const std::vector<double> a = RunPlant(*ctl, regimes, 0.2, 5);
-    const double settled = MeanGap(a, 30, 40, 0.5), shifted = MeanGap(a, 70, 80, 0.25);
+    const double settled = testing::MeanGap(a, 30, 40, 0.5),
+                 shifted = testing::MeanGap(a, 70, 80, 0.25);
     std::printf("%s: mean |alpha - alpha*| windows 30-39 %.3f (from 0.30), 70-79 %.3f (from 0.25)",
                 c.name.c_str(), settled, shifted);
     for (size_t t = 0; t < a.size(); ++t) std::printf("%s%.2f", t % 20 == 0 ? "\n  " : " ", a[t]);

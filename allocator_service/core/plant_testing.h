@@ -59,4 +59,12 @@ inline std::vector<double> RunPlant(Controller& c, const std::vector<Regime>& re
   return alphas;
 }
 
+// Mean |α − α*| over the windows [from, to) of `alphas`.
+inline double MeanGap(const std::vector<double>& alphas, size_t from, size_t to,
+                      double alpha_star) {
+  double sum = 0;
+  for (size_t t = from; t < to; ++t) sum += std::abs(alphas[t] - alpha_star);
+  return sum / static_cast<double>(to - from);
+}
+
 }  // namespace hlem::allocator::testing

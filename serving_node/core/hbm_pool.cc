@@ -1,20 +1,9 @@
 #include "serving_node/core/hbm_pool.h"
 
-#include <cstdlib>
-
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 
 namespace hlem::serving {
-namespace {
-
-[[noreturn]] void Die(const std::string& message) {
-  GetLogger("hbm_pool")->critical("check_failed {}", message);
-  std::abort();
-}
-
-}  // namespace
-
 const char* PageOwnerName(PageOwner owner) {
   switch (owner) {
     case PageOwner::kFree:
@@ -67,9 +56,11 @@ absl::StatusOr<PageId> HbmPool::AllocPage(PageOwner owner) {
 
 void HbmPool::FreePage(PageId page) {
   absl::MutexLock lock(&mu_);
-  if (page >= num_pages_) Die(absl::StrCat("FreePage(", page, ") out of range"));
+  if (page >= num_pages_)
+    CheckFailed("hbm_pool", absl::StrCat("FreePage(", page, ") out of range"));
   PageOwner was = owner_[page];
-  if (was == PageOwner::kFree) Die(absl::StrCat("FreePage(", page, ") of a free page"));
+  if (was == PageOwner::kFree)
+    CheckFailed("hbm_pool", absl::StrCat("FreePage(", page, ") of a free page"));
   owner_[page] = PageOwner::kFree;
   next_free_[page] = free_head_;
   free_head_ = page;
@@ -81,9 +72,10 @@ void HbmPool::Transfer(PageId page, PageOwner from, PageOwner to) {
   absl::MutexLock lock(&mu_);
   if (page >= num_pages_ || owner_[page] != from || from == PageOwner::kFree ||
       to == PageOwner::kFree) {
-    Die(absl::StrCat("Transfer(", page, ", ", PageOwnerName(from), " -> ", PageOwnerName(to),
-                     ") of a page owned by ",
-                     page < num_pages_ ? PageOwnerName(owner_[page]) : "nobody"));
+    CheckFailed("hbm_pool",
+                absl::StrCat("Transfer(", page, ", ", PageOwnerName(from), " -> ",
+                             PageOwnerName(to), ") of a page owned by ",
+                             page < num_pages_ ? PageOwnerName(owner_[page]) : "nobody"));
   }
   owner_[page] = to;
   --count_[static_cast<int>(from)];

@@ -1,7 +1,6 @@
 #include "serving_node/core/kv_cache.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 #include <utility>
 
@@ -11,11 +10,6 @@
 
 namespace hlem::serving {
 namespace {
-
-[[noreturn]] void Die(const std::string& message) {
-  GetLogger("kv_cache")->critical("check_failed {}", message);
-  std::abort();
-}
 
 uint64_t CeilDiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
@@ -364,7 +358,7 @@ absl::StatusOr<KvAppendResult> KvCache::Append(uint64_t user, const KvPrefix& ex
   std::vector<PageId> taken;
   while (fresh.size() < n) {
     Entry* victim = lru_head_ == e ? e->next : lru_head_;
-    if (victim == nullptr) Die("LRU page count disagrees with the LRU list");
+    if (victim == nullptr) CheckFailed("kv_cache", "LRU page count disagrees with the LRU list");
     taken.clear();
     DropKv(victim, EvictReason::kLru, &taken);
     ++result.evicted_users;

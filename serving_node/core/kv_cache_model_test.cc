@@ -294,11 +294,11 @@ TEST_F(KvCacheModelTest, RandomInterleavingsKeepInvariants) {
   constexpr uint64_t kSeeds = 16;
   constexpr int kSteps = 2500;
   for (uint64_t seed = 1; seed <= kSeeds; ++seed) {
-    SCOPED_TRACE(testing::Message() << "seed " << seed);
+    SCOPED_TRACE(::testing::Message() << "seed " << seed);
     std::cout << "[ seed     ] " << seed << "\n";
     Reset(seed);
     for (int step = 0; step < kSteps; ++step) {
-      SCOPED_TRACE(testing::Message() << "step " << step);
+      SCOPED_TRACE(::testing::Message() << "step " << step);
       const auto before = Snapshot();
       Rng peek = rng_;
       last_user_ = peek() % kUsers;  // the user Step() is about to pick

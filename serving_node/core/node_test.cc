@@ -21,7 +21,7 @@ namespace {
 
 using namespace ::hlem::serving::testing;  // NOLINT: the fakes
 
-constexpr uint32_t kPages = 64;
+constexpr uint32_t kNodePages = 64;
 
 // One node on the cpu device with the fake model. The pipeline and the device run on a real
 // clock; the node's own clock (timers, latencies) is `node_clock`.
@@ -35,9 +35,9 @@ class NodeTest : public ::testing::Test {
     manager_.reset();
     emb_.reset();
     kv_.reset();
-    pool_ = *HbmPool::Create({.pool_bytes = kPages * kPageBytes, .page_bytes = kPageBytes});
+    pool_ = *HbmPool::Create({.pool_bytes = kNodePages * kPageBytes, .page_bytes = kPageBytes});
     device_ =
-        *CpuDevice::Create({.pool_bytes = kPages * kPageBytes,
+        *CpuDevice::Create({.pool_bytes = kNodePages * kPageBytes,
                             .link = {.bytes_per_second = 1e10, .latency = absl::Microseconds(1)}},
                            clock_);
     events_ = std::make_unique<ResidencyEventLog>(7, 1 << 16);
@@ -113,7 +113,7 @@ TEST_F(NodeTest, WindowsReportTheSignalsOfTheControlLoop) {
   EXPECT_GT(w.p50_seconds, 0.0);
   EXPECT_GE(w.p99_seconds, w.p50_seconds);
   EXPECT_DOUBLE_EQ(w.alpha_effective, 0.25);
-  EXPECT_EQ(w.pool_bytes, kPages * kPageBytes);
+  EXPECT_EQ(w.pool_bytes, kNodePages * kPageBytes);
   EXPECT_GT(w.kv_bytes, 0u);
   EXPECT_GT(w.shard_fetch_bytes, 0u);
   EXPECT_GT(w.emb_miss_bytes, 0u);

@@ -18,8 +18,8 @@ namespace hlem::serving {
 namespace {
 
 constexpr uint32_t kRowBytes = 256;
-constexpr uint64_t kPageBytes = 64 << 10;  // 256 rows a page
-constexpr uint32_t kPages = 64;
+constexpr uint64_t kRefillPageBytes = 64 << 10;  // 256 rows a page
+constexpr uint32_t kRefillPages = 64;
 constexpr LinkOptions kLink{.bytes_per_second = 1e9, .latency = absl::Microseconds(2)};
 
 std::byte Pattern(uint32_t table, uint64_t row, uint32_t i) {
@@ -101,8 +101,9 @@ uint64_t ZipfRow(const ZipfSampler& zipf, Rng& rng) { return Mix64(zipf(rng)) >>
 // One table of 256 B rows on a 64-page pool, a cpu device on the simulated clock.
 struct Rig {
   explicit Rig(RefillOptions options, uint32_t budget_pages = 4) {
-    pool = *HbmPool::Create({.pool_bytes = kPages * kPageBytes, .page_bytes = kPageBytes});
-    cpu = *CpuDevice::Create({.pool_bytes = kPages * kPageBytes, .link = kLink}, clock);
+    pool = *HbmPool::Create(
+        {.pool_bytes = kRefillPages * kRefillPageBytes, .page_bytes = kRefillPageBytes});
+    cpu = *CpuDevice::Create({.pool_bytes = kRefillPages * kRefillPageBytes, .link = kLink}, clock);
     device = std::make_unique<FlakyDevice>(*cpu);
     cache =
         *EmbCache::Create({.tables = {{0, kRowBytes}}, .budget_pages = budget_pages}, *pool, clock);
