@@ -1,94 +1,122 @@
 #!/usr/bin/env bash
-# The README's main job: the `local` profile on loopback with a small HSTU, driven open-loop by
-# the load generator from workload traces (the allocator joins in a later issue).
+# The README's main job: the `local` profile on loopback (real processes, small HSTU on the CPU)
+# driven open-loop by the load generator through a Steady → Trend → Burst trace, once with the
+# oracle static α and once with HLEM's SmartAllocator, both behind the KV–EMB-aware router (as
+# in `hlem eval e2e`), side by side.
 #   1. installs missing Debian packages, builds the runtime targets (Release),
-#   2. `hlem cluster up`: 2 embedding shards (deploy/local/shards.yaml, replicated), 4 serving
-#      nodes (deploy/local/node.yaml) and the router (KV/EMB/load-aware routing, ARCHITECTURE §6),
-#      each a daemon with its log in out/local/,
-#   3. checks rows read from the shards over UCX and gRPC byte for byte,
-#   4. writes workload traces (deploy/local/workload.yaml: users with item locality, growing
-#      histories, 100 candidates; a Steady and a Trend phase) and replays them through the router
-#      with `hlem loadgen` (open loop, the trace's Poisson arrivals): latency P50/P90/P99 and SLO
-#      satisfaction per 5 s window and overall, errors by code, KV reuse; the router's view and
-#      each node's window statistics; between the two, α moves on every node,
-#   5. `hlem cluster down` (also on Ctrl-C or failure), then runs the node benchmark (cold vs
-#      returning users, cost split; docs/perf/node.md).
-# Options: --quick (shorter traces, benchmark smoke pass), HLEM_JOBS=N (build parallelism),
-# HLEM_BUILD_DIR=dir (default build-release).
+#   2. writes the trace (deploy/local/workload.yaml, every phase shortened to --phase-s),
+#   3. picks the oracle static α: the best static α in hindsight on this trace, found in the
+#      digital twin fitted to a local cluster (hlem sim sweep; sim/costs/cpu-local-cluster.yaml)
+#      on a 0.05 grid (0.1 with --quick; the evaluation uses 0.02, ARCHITECTURE §8),
+#   4. `hlem cluster up` with the allocator holding that α on every node (static), replays the
+#      trace (progress bar), `hlem cluster down`,
+#   5. the same with the allocator's SmartAllocator (allocator_service/policies/ppo-local.mlp),
+#   6. prints P99, SLO satisfaction and throughput per phase for both runs, plots per-window P99
+#      (out/local/main-job.png) and says where everything is.
+# The cluster is stopped on exit, Ctrl-C or failure.
+# Options: --quick (30 s phases; CI runs it), --phase-s N (default 60), --seed N (default 7),
+#   HLEM_JOBS=N (build parallelism), HLEM_BUILD_DIR=dir (default build-release; CI passes its own).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-quick=0
-for arg in "$@"; do
-  case "$arg" in
-    --quick) quick=1 ;;
-    *) echo "run-local.sh: unknown argument '$arg' (allowed: --quick)" >&2; exit 2 ;;
+phase_s=60 seed=7 grid=0.05
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) phase_s=30 grid=0.1; shift ;;
+    --phase-s) phase_s=${2:?--phase-s needs a number of seconds}; shift 2 ;;
+    --seed) seed=${2:?--seed needs a number}; shift 2 ;;
+    *) echo "run-local.sh: unknown argument '$1' (allowed: --quick, --phase-s N, --seed N)" >&2
+       exit 2 ;;
   esac
 done
+[[ "$phase_s" =~ ^[1-9][0-9]*$ ]] || { echo "run-local.sh: --phase-s '$phase_s' is not a whole number of seconds" >&2; exit 2; }
+[[ "$seed" =~ ^[0-9]+$ ]] || { echo "run-local.sh: --seed '$seed' is not a number" >&2; exit 2; }
 
 jobs=${HLEM_JOBS:-$(nproc)}
 build_dir=${HLEM_BUILD_DIR:-build-release}
 run_dir=out/local
+workload=deploy/local/workload.yaml
+weights=allocator_service/policies/ppo-local.mlp
+slo_ms=25  # deploy/local/node.yaml's SLO (docs/calibration.md)
+warmup_s=10
+start=$SECONDS
+
 bash scripts/install-deps.sh
 if [ ! -f "$build_dir/CMakeCache.txt" ]; then
-  cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DHLEM_BUILD_TESTS=ON >/dev/null
+  cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 fi
-cmake --build "$build_dir" -j "$jobs" --target embedding_shard serving_node router hlem node_benchmark
+cmake --build "$build_dir" -j "$jobs" --target embedding_shard serving_node router allocator hlem
 
 mkdir -p "$run_dir"
 hlem="$build_dir/tools/hlem"
 trap '"$hlem" cluster down --run-dir "$run_dir" >/dev/null 2>&1 || true' EXIT INT TERM
 "$hlem" cluster down --run-dir "$run_dir" >/dev/null 2>&1 || true  # a previous run's leftovers
 
-shards_config=deploy/local/shards.yaml
-echo "== hlem cluster up: shards ($shards_config), 4 serving nodes (deploy/local/node.yaml), router"
-"$hlem" cluster up --run-dir "$run_dir" --nodes 4 --bin-dir "$build_dir" \
-  --shards-config "$shards_config" --node-config deploy/local/node.yaml
-router="127.0.0.1:$(awk '$1 == "router" {print $4}' "$run_dir/cluster.state")"
-nodes=($(awk '$1 == "node" {print "127.0.0.1:" $4}' "$run_dir/cluster.state"))
-shard_list=$(awk '$1 == "shard" {print "127.0.0.1:" $4}' "$run_dir/cluster.state" | paste -sd,)
-admins=()
-for n in "${nodes[@]}"; do
-  admins+=("127.0.0.1:$("$hlem" node info --server "$n" | sed -n 's/.*admin port \([0-9]*\).*/\1/p')")
-done
-"$hlem" node info --server "${nodes[0]}"
+trace="$run_dir/main.trace"
+echo "== trace: $workload, Steady → Trend → Burst, ${phase_s} s each, seed $seed"
+"$hlem" workload generate --config "$workload" --phase-duration "${phase_s}s" --seed "$seed" \
+  --out "$trace"
 
-echo "== reading 100 000 Zipf rows through UCX and gRPC, verifying every byte"
-for transport in ucx grpc; do
-  "$hlem" shard fetch --config "$shards_config" --servers "$shard_list" \
-    --transport "$transport" --mode auto --rows 100000 --batch 1024
-done
-sleep 1  # the router takes each node's residency snapshot
-"$hlem" router state --server "$router"
+echo "== oracle static α: every α on a $grid grid in the twin on this trace (hindsight)"
+alphas=$(awk -v step="$grid" 'BEGIN { for (a = 0; a <= 1 + 1e-9; a += step) printf "%s%.2f", (a > 0 ? "," : ""), a }')
+"$hlem" sim sweep --trace "$trace" --warmup-s "$warmup_s" --alphas "$alphas" \
+  --csv "$run_dir/sweep.csv" | tee "$run_dir/sweep.txt"
+oracle=$(awk '/^best static alpha on this grid:/ { print $7 }' "$run_dir/sweep.txt")
+[ -n "$oracle" ] || { echo "run-local.sh: the sweep named no best α" >&2; exit 1; }
 
-seconds=120
-[ "$quick" = 1 ] && seconds=30
-workload=deploy/local/workload.yaml
-echo "== workload traces ($workload): ${seconds} s Steady, ${seconds} s Trend (hot ratio 0.2 -> 0.5)"
-for regime in steady trend; do
-  "$hlem" workload generate --config "$workload" --regime "$regime" \
-    --duration "${seconds}s" --seed 1 --out "$run_dir/$regime.trace"
-done
-"$hlem" workload stats "$run_dir/steady.trace"
-replay() {  # replay REGIME: the trace through the router, then the router's and nodes' views
-  "$hlem" loadgen --trace "$run_dir/$1.trace" --router "$router" --slo-ms 25 \
-    --deadline-ms 2000 --csv "$run_dir/$1-requests.csv" --windows-csv "$run_dir/$1-windows.csv"
-  "$hlem" router state --server "$router"
-  sleep 5.5  # let a statistics window close
-  for n in "${nodes[@]}"; do "$hlem" node state --server "$n" --windows 3; done
+run() {  # run NAME ALLOCATOR_FLAGS...: cluster up, replay the trace, cluster down
+  local name=$1
+  shift
+  echo "== $name: hlem cluster up (2 shards, 4 serving nodes, router, allocator $*)"
+  "$hlem" cluster up --run-dir "$run_dir" --nodes 4 --bin-dir "$build_dir" \
+    --shards-config deploy/local/shards.yaml --node-config deploy/local/node.yaml "$@"
+  local router
+  router="127.0.0.1:$(awk '$1 == "router" {print $4}' "$run_dir/cluster.state")"
+  echo "== $name: replaying the trace through the router ($((3 * phase_s)) s)"
+  "$hlem" loadgen --trace "$trace" --router "$router" --slo-ms "$slo_ms" --deadline-ms 2000 \
+    --warmup-s "$warmup_s" --csv "$run_dir/$name-requests.csv" \
+    --windows-csv "$run_dir/$name-windows.csv" --phases-csv "$run_dir/$name-phases.csv" \
+    | tee "$run_dir/$name-loadgen.txt" | sed -n '1,/^phase/p;/^steady\|^trend\|^burst/p'
+  "$hlem" router state --server "$router" >"$run_dir/$name-router.txt"
+  "$hlem" cluster down --run-dir "$run_dir"
 }
-echo "== replaying Steady through the router (alpha 0.5); per-request CSV in $run_dir/"
-replay steady
-echo "== alpha 0.5 -> 0.3 on every node (metadata only; refill runs in the background)"
-for a in "${admins[@]}"; do "$hlem" node set-alpha --admin "$a" --alpha 0.3 --epoch 1 --decision 1; done
-echo "== replaying Trend through the router (alpha 0.3)"
-replay trend
-echo "== hlem cluster down"
-"$hlem" cluster down --run-dir "$run_dir"
+run static --allocator static --allocator-arg="--alpha=$oracle"
+run hlem --allocator hlem --allocator-arg="--weights=$weights"
 
-echo "== node benchmark (cold vs returning users, cost split; its own shard cluster)"
-bench_args=()
-[ "$quick" = 1 ] && bench_args+=(--smoke)
-"$build_dir/bench/node_benchmark" "${bench_args[@]}"
-echo "== done. Figures and how to read them: docs/perf/node.md; shard fetch benchmark:"
-echo "   $build_dir/bench/shard_fetch_benchmark (docs/perf/embedding_shard.md)"
+echo
+echo "== local cluster (4 CPU nodes, small HSTU, SLO $slo_ms ms), first $warmup_s s left out;"
+echo "   oracle static α $oracle (twin, hindsight) vs HLEM's SmartAllocator, same router"
+awk -F, '
+  FNR == 1 { file++; next }
+  file == 1 { p99[$1] = $8; slo[$1] = $9; tput[$1] = $10; order[++n] = $1; next }
+  { hp99[$1] = $8; hslo[$1] = $9; htput[$1] = $10 }
+  END {
+    printf "%-7s %14s %12s %8s   %11s %11s   %12s %12s\n", "phase", "P99 static ms",
+           "P99 HLEM ms", "change", "SLO static", "SLO HLEM", "static ok/s", "HLEM ok/s"
+    for (i = 1; i <= n; i++) {
+      r = order[i]
+      change = p99[r] > 0 ? 100 * (hp99[r] - p99[r]) / p99[r] : 0
+      printf "%-7s %14.2f %12.2f %+7.1f%%   %10.2f%% %10.2f%%   %12.1f %12.1f\n", r, p99[r],
+             hp99[r], change, 100 * slo[r], 100 * hslo[r], tput[r], htput[r]
+    }
+  }' "$run_dir/static-phases.csv" "$run_dir/hlem-phases.csv" | tee "$run_dir/main-job.txt"
+
+if command -v gnuplot >/dev/null; then
+  cat >"$run_dir/main-job.gp" <<EOF
+set terminal pngcairo size 900,450
+set output '$run_dir/main-job.png'
+set datafile separator ','
+set title 'local cluster, P99 per 5 s window (Steady | Trend | Burst, ${phase_s} s each)'
+set xlabel 'time (s)'
+set ylabel 'P99 (ms)'
+set arrow from $phase_s, graph 0 to $phase_s, graph 1 nohead dt 2
+set arrow from $((2 * phase_s)), graph 0 to $((2 * phase_s)), graph 1 nohead dt 2
+# x: the window index × deploy/local/workload.yaml's 5 s window
+plot '$run_dir/static-windows.csv' every ::1 using (\$1*5):6 with linespoints title 'static α $oracle (oracle)', \
+     '$run_dir/hlem-windows.csv' every ::1 using (\$1*5):6 with linespoints title 'HLEM'
+EOF
+  gnuplot "$run_dir/main-job.gp" && echo "plot: $run_dir/main-job.png"
+fi
+echo "per-request, per-window and per-phase CSV, the router's view, logs: $run_dir/ (static-*,"
+echo "hlem-*, sweep.*)"
+echo "main job done in $((SECONDS - start)) s"

@@ -9,10 +9,12 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "sim/workload/trace.h"
+#include "sim/workload/workload.h"
 #include "tools/commands.h"
 #include "tools/loadgen/replayer.h"
 #include "tools/loadgen/summary.h"
@@ -21,7 +23,7 @@ namespace hlem::tools {
 namespace {
 
 struct LoadgenFlags {
-  std::string trace, router, mode = "full", csv, windows_csv;
+  std::string trace, router, mode = "full", csv, windows_csv, phases_csv;
   double speed = 1, deadline_ms = 1000, slo_ms = 50, window_s = 0, warmup_s = 0;
   uint64_t limit = 0;
   uint32_t max_in_flight = 4096;
@@ -36,13 +38,25 @@ int Loadgen(const LoadgenFlags& f) {
     return 2;
   }
   uint64_t window_ns = static_cast<uint64_t>(f.window_s * 1e9);
+  const absl::StatusOr<sim::WorkloadConfig> config =
+      sim::ParseWorkloadConfig((*trace)->header().config_yaml);
   if (window_ns == 0) {
-    auto config = sim::ParseWorkloadConfig((*trace)->header().config_yaml);
     window_ns = config.ok() ? static_cast<uint64_t>(absl::ToInt64Nanoseconds(config->window))
                             : 5'000'000'000;
   }
-  // Windows of the replay's clock: the trace's windows shrink with the speed.
+  // Windows and phases on the replay's clock: the trace's shrink with the speed.
   window_ns = static_cast<uint64_t>(static_cast<double>(window_ns) / f.speed);
+  std::vector<loadgen::PhaseSpan> phases;
+  if (config.ok()) {
+    double at_s = 0;
+    for (const sim::Phase& p : config->phases) {
+      const double end_s = at_s + absl::ToDoubleSeconds(p.duration) / f.speed;
+      phases.push_back({.name = sim::RegimeName(p.regime),
+                        .start_ns = static_cast<uint64_t>(at_s * 1e9),
+                        .end_ns = static_cast<uint64_t>(end_s * 1e9)});
+      at_s = end_s;
+    }
+  }
   const double total = f.limit > 0 ? static_cast<double>(f.limit) : 0;
   loadgen::ReplayOptions options{.router = f.router,
                                  .speed = f.speed,
@@ -82,13 +96,14 @@ int Loadgen(const LoadgenFlags& f) {
     return 1;
   }
   const loadgen::Report report = loadgen::Summarize(
-      outcomes, window_ns, f.slo_ms, static_cast<uint64_t>(f.warmup_s / f.speed * 1e9));
+      outcomes, window_ns, f.slo_ms, static_cast<uint64_t>(f.warmup_s / f.speed * 1e9), phases);
   std::printf("loadgen: %s -> %s, %s mode, speed %.2f\n%s", f.trace.c_str(), f.router.c_str(),
               f.mode.c_str(), f.speed, loadgen::FormatReport(report, f.slo_ms).c_str());
   std::printf("every request recorded once: %zu sent or refused, %zu outcomes\n", outcomes.size(),
               outcomes.size());
   for (const auto& [path, body] : {std::pair{f.csv, loadgen::OutcomesCsv(outcomes)},
-                                   std::pair{f.windows_csv, loadgen::WindowsCsv(report)}}) {
+                                   std::pair{f.windows_csv, loadgen::WindowsCsv(report)},
+                                   std::pair{f.phases_csv, loadgen::PhasesCsv(report)}}) {
     if (path.empty()) continue;
     std::ofstream out(path);
     out << body;
@@ -132,6 +147,8 @@ void RegisterLoadgenCommands(CLI::App& app, Run* run) {
       ->check(CLI::Range(1u, 1000000u));
   cmd->add_option("--csv", f->csv, "write one row per request here");
   cmd->add_option("--windows-csv", f->windows_csv, "write one row per window here");
+  cmd->add_option("--phases-csv", f->phases_csv,
+                  "write one row per phase of the trace (steady, trend, burst) here");
   cmd->add_flag("--fail-on-error", f->fail_on_error, "exit 1 when any request was not OK");
   cmd->add_flag("--quiet", f->quiet, "no progress bar");
   cmd->callback([=] { *run = [=] { return Loadgen(*f); }; });

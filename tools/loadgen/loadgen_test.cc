@@ -189,5 +189,40 @@ TEST(SummaryTest, QuantilesSloAndCodes) {
   EXPECT_FALSE(Check(missing).ok());
 }
 
+// Phases split the requests by scheduled time after the warm-up: the warm-up clips the first
+// phase's span, a request at a span's end belongs to the next phase, and each phase's throughput
+// is its OK answers per second of its (clipped) span.
+TEST(SummaryTest, PhasesSplitByScheduledTimeAfterTheWarmUp) {
+  std::vector<Outcome> out;
+  for (int i = 0; i < 100; ++i) {  // one request every 10 ms, 1 s in all
+    out.push_back({.index = static_cast<uint64_t>(i),
+                   .scheduled_ns = static_cast<uint64_t>(i) * 10'000'000,
+                   .sent_ns = static_cast<uint64_t>(i) * 10'000'000,
+                   .latency_ns = static_cast<uint64_t>(i < 50 ? 5 : 80) * 1'000'000,
+                   .code = 0});
+  }
+  out[70].code = static_cast<int>(absl::StatusCode::kUnavailable);
+  const Report r = Summarize(out, 500'000'000, 50, 200'000'000,
+                             {{"steady", 0, 500'000'000}, {"burst", 500'000'000, 1'000'000'000}});
+  ASSERT_EQ(r.phases.size(), 2u);
+  const Summary& steady = r.phases[0].summary;
+  const Summary& burst = r.phases[1].summary;
+  EXPECT_EQ(r.phases[0].span.start_ns, 200'000'000u);  // clipped by the warm-up
+  EXPECT_EQ(steady.requests, 30u);                     // 200..490 ms
+  EXPECT_DOUBLE_EQ(steady.p99_ms, 5);
+  EXPECT_DOUBLE_EQ(steady.slo_satisfaction, 1.0);
+  EXPECT_DOUBLE_EQ(steady.throughput, 30 / 0.3);
+  EXPECT_EQ(burst.requests, 50u);  // 500..990 ms
+  EXPECT_EQ(burst.ok, 49u);
+  EXPECT_DOUBLE_EQ(burst.p50_ms, 80);
+  EXPECT_DOUBLE_EQ(burst.slo_satisfaction, 0.0);
+  EXPECT_DOUBLE_EQ(burst.throughput, 49 / 0.5);
+  EXPECT_EQ(steady.requests + burst.requests, r.overall.requests);
+  const std::string csv = PhasesCsv(r);
+  EXPECT_NE(csv.find("steady,0.200,0.500,30,30,"), std::string::npos) << csv;
+  EXPECT_NE(csv.find("burst,0.500,1.000,50,49,"), std::string::npos) << csv;
+  EXPECT_NE(FormatReport(r, 50).find("burst"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace hlem::loadgen

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -46,9 +47,18 @@ absl::Status Check(const std::vector<Outcome>& outcomes) {
 }
 
 Report Summarize(const std::vector<Outcome>& outcomes, uint64_t window_ns, double slo_ms,
-                 uint64_t warmup_ns) {
+                 uint64_t warmup_ns, const std::vector<PhaseSpan>& phases) {
   Report r;
   r.warmup_ns = warmup_ns;
+  for (const PhaseSpan& p : phases) {
+    PhaseSummary ps{.span = p};
+    ps.span.start_ns = std::max(p.start_ns, warmup_ns);
+    ps.summary.seconds =
+        static_cast<double>(ps.span.end_ns - std::min(ps.span.end_ns, ps.span.start_ns)) / 1e9;
+    r.phases.push_back(std::move(ps));
+  }
+  std::vector<std::vector<double>> phase_latencies(phases.size());
+  std::vector<std::pair<uint64_t, uint64_t>> phase_tokens(phases.size());
   std::vector<std::vector<double>> latencies;
   std::vector<double> all;
   std::vector<std::pair<uint64_t, uint64_t>> tokens;  // (cached, computed history) per window
@@ -67,7 +77,13 @@ Report Summarize(const std::vector<Outcome>& outcomes, uint64_t window_ns, doubl
     }
     // Requests scheduled in the warm-up count in their windows, not in the overall summary.
     const bool overall = o.scheduled_ns >= warmup_ns;
-    Summary* scope[2] = {&r.windows[w], overall ? &r.overall : nullptr};
+    size_t phase = r.phases.size();
+    for (size_t i = 0; i < r.phases.size(); ++i) {
+      const PhaseSpan& span = r.phases[i].span;
+      if (o.scheduled_ns >= span.start_ns && o.scheduled_ns < span.end_ns) phase = i;
+    }
+    Summary* scope[3] = {&r.windows[w], overall ? &r.overall : nullptr,
+                         phase < r.phases.size() ? &r.phases[phase].summary : nullptr};
     if (overall) {
       first = std::min(first, o.scheduled_ns);
       last = std::max(last, o.sent_ns + o.latency_ns);
@@ -91,6 +107,11 @@ Report Summarize(const std::vector<Outcome>& outcomes, uint64_t window_ns, doubl
     latencies[w].push_back(ms);
     tokens[w].first += o.cached_prefix_tokens;
     tokens[w].second += history;
+    if (phase < r.phases.size()) {
+      phase_latencies[phase].push_back(ms);
+      phase_tokens[phase].first += o.cached_prefix_tokens;
+      phase_tokens[phase].second += history;
+    }
     if (!overall) continue;
     all.push_back(ms);
     cached += o.cached_prefix_tokens;
@@ -102,6 +123,10 @@ Report Summarize(const std::vector<Outcome>& outcomes, uint64_t window_ns, doubl
     Finish(&r.windows[w], &latencies[w], tokens[w].first, tokens[w].second);
   }
   Finish(&r.overall, &all, cached, computed);
+  for (size_t i = 0; i < r.phases.size(); ++i) {
+    Finish(&r.phases[i].summary, &phase_latencies[i], phase_tokens[i].first,
+           phase_tokens[i].second);
+  }
   return r;
 }
 
@@ -141,6 +166,21 @@ std::string WindowsCsv(const Report& report) {
   return out;
 }
 
+std::string PhasesCsv(const Report& report) {
+  std::string out =
+      "phase,start_s,end_s,requests,ok,p50_ms,p90_ms,p99_ms,slo_satisfaction,throughput,kv_reuse,"
+      "errors\n";
+  for (const PhaseSummary& p : report.phases) {
+    const Summary& s = p.summary;
+    absl::StrAppendFormat(&out, "%s,%.3f,%.3f,%d,%d,%.3f,%.3f,%.3f,%.4f,%.2f,%.4f,%d\n",
+                          p.span.name, static_cast<double>(p.span.start_ns) / 1e9,
+                          static_cast<double>(p.span.end_ns) / 1e9, s.requests, s.ok, s.p50_ms,
+                          s.p90_ms, s.p99_ms, s.slo_satisfaction, s.throughput, s.kv_reuse,
+                          s.requests - s.ok);
+  }
+  return out;
+}
+
 std::string FormatReport(const Report& report, double slo_ms) {
   const Summary& o = report.overall;
   std::string out = absl::StrFormat(
@@ -155,6 +195,17 @@ std::string FormatReport(const Report& report, double slo_ms) {
   if (report.warmup_ns > 0) {
     absl::StrAppendFormat(&out, "\n(overall figures leave out the first %.1f s: warm-up)",
                           static_cast<double>(report.warmup_ns) / 1e9);
+  }
+  if (!report.phases.empty()) {
+    absl::StrAppendFormat(&out, "\n%-8s %9s %8s %8s %9s %9s %8s %10s", "phase", "span_s",
+                          "requests", "ok", "p50_ms", "p99_ms", "slo_%", "ok/s");
+    for (const PhaseSummary& p : report.phases) {
+      const Summary& s = p.summary;
+      absl::StrAppendFormat(&out, "\n%-8s %4.0f-%-4.0f %8d %8d %9.2f %9.2f %8.2f %10.1f",
+                            p.span.name, static_cast<double>(p.span.start_ns) / 1e9,
+                            static_cast<double>(p.span.end_ns) / 1e9, s.requests, s.ok, s.p50_ms,
+                            s.p99_ms, 100 * s.slo_satisfaction, s.throughput);
+    }
   }
   absl::StrAppendFormat(&out, "\n%7s %8s %8s %9s %9s %9s %8s %8s\n", "window", "requests", "ok",
                         "p50_ms", "p90_ms", "p99_ms", "slo_%", "kv_%");

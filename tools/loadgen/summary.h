@@ -49,21 +49,38 @@ struct Summary {
   std::map<std::string, uint64_t> codes;  // by name
 };
 
+// A named span of the replay's clock (a phase of the trace: steady, trend, burst).
+struct PhaseSpan {
+  std::string name;
+  uint64_t start_ns = 0, end_ns = 0;
+};
+
+struct PhaseSummary {
+  PhaseSpan span;  // start_ns raised to the warm-up's end where it falls inside
+  Summary summary;
+};
+
 struct Report {
   Summary overall;  // requests scheduled at or after warmup_ns
   uint64_t warmup_ns = 0;
-  std::vector<Summary> windows;  // by scheduled time
+  std::vector<Summary> windows;      // by scheduled time
+  std::vector<PhaseSummary> phases;  // requests scheduled in each span, after the warm-up
 };
 
 // INTERNAL when an outcome has no code (a request left without its one outcome).
 absl::Status Check(const std::vector<Outcome>& outcomes);
-// Requests scheduled before `warmup_ns` (caches filling) count in their windows only.
+// Requests scheduled before `warmup_ns` (caches filling) count in their windows only. Each phase
+// summarises the requests scheduled in its span after the warm-up; its throughput is OK answers
+// per second of that span.
 Report Summarize(const std::vector<Outcome>& outcomes, uint64_t window_ns, double slo_ms,
-                 uint64_t warmup_ns = 0);
+                 uint64_t warmup_ns = 0, const std::vector<PhaseSpan>& phases = {});
 
 // CSV with a header line: one row per request / per window.
 std::string OutcomesCsv(const std::vector<Outcome>& outcomes);
 std::string WindowsCsv(const Report& report);
+// One row per phase: phase,start_s,end_s,requests,ok,p50_ms,p90_ms,p99_ms,slo_satisfaction,
+// throughput,kv_reuse,errors.
+std::string PhasesCsv(const Report& report);
 // Human-readable overall summary and a table of windows.
 std::string FormatReport(const Report& report, double slo_ms);
 
