@@ -54,6 +54,7 @@ absl::StatusOr<std::unique_ptr<TraceWriter>> TraceWriter::Create(const std::stri
     h += f.name;
   }
   h.push_back(header.generated_events ? 1 : 0);
+  PutFixed<uint32_t>(&h, kGeneratorVersion);
   out.write(h.data(), static_cast<std::streamsize>(h.size()));
   std::unique_ptr<TraceWriter> w(
       new TraceWriter(std::move(out), header.features.size(), header.generated_events));
@@ -148,8 +149,17 @@ absl::StatusOr<std::unique_ptr<TraceReader>> TraceReader::Open(const std::string
     if (!r->Fixed(&events, 1) || events > 1) return Corrupt("bad events mode");
     h.generated_events = events == 1;
   }
+  h.generator_version = 0;
+  if (version >= 3 && !r->Fixed(&h.generator_version, 4)) return Corrupt("truncated header");
   r->hashing_ = false;
   if (version == 1) r->hash_ = kFnvBasis;
+  if (h.generated_events && h.generator_version != 0 &&
+      h.generator_version != static_cast<uint32_t>(kGeneratorVersion)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "trace: ", path, " holds generated events of workload generator version ",
+        h.generator_version, "; this build's generator is version ", kGeneratorVersion,
+        " and would regenerate other events: write the trace again (hlem workload generate)"));
+  }
   if (h.generated_events) {
     absl::StatusOr<WorkloadConfig> config = ParseWorkloadConfig(h.config_yaml);
     if (!config.ok()) {

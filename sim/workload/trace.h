@@ -2,10 +2,11 @@
 // The trace file: a workload written once and replayed many times (the load generator, the
 // simulator). Little-endian, versioned, self-describing:
 //
-//   header   "HLEMTRC1" · u32 version (2) · u32 F (features per event) · u64 seed ·
+//   header   "HLEMTRC1" · u32 version (3) · u32 F (features per event) · u64 seed ·
 //            u64 duration_ns · u32 n · n bytes of generator config (YAML, WorkloadConfigYaml) ·
 //            F × (u32 table_id · u64 rows · u32 n · n bytes of name) ·
-//            u8 events (0 explicit, 1 generated; absent in version 1, which is explicit)
+//            u8 events (0 explicit, 1 generated; absent in version 1, which is explicit) ·
+//            u32 generator version (kGeneratorVersion of the writer; from version 3)
 //   records  u8 1 · then LEB128 varints: t_ns − previous t_ns · user · prior_events ·
 //            new events E · [explicit: E·F feature ids] · candidates C · C·F feature ids
 //   footer   u8 0 · u64 record count · u64 FNV-1a of every header (version 2) and record byte
@@ -19,7 +20,9 @@
 // carries 10 000 events, and explicit traces of it grow by ~60 KB a request. Explicit traces are
 // for workloads from elsewhere. The reader checks the magic, the version, every record's shape
 // and the footer's count and hash, so a truncated or corrupted file is an error, not a short
-// trace. Readers take versions 1 and 2.
+// trace. Readers take versions 1 to 3. A generated trace written by another generator version
+// is refused (FAILED_PRECONDITION): this build would regenerate other events than the writer's.
+// Version 2 did not record it; its generated traces are read as they are.
 
 #include <cstdint>
 #include <fstream>
@@ -33,7 +36,7 @@
 
 namespace hlem::sim {
 
-inline constexpr uint32_t kTraceVersion = 2;
+inline constexpr uint32_t kTraceVersion = 3;
 
 struct TraceHeader {
   uint32_t version = kTraceVersion;
@@ -43,6 +46,9 @@ struct TraceHeader {
   std::vector<FeatureTable> features;
   // The records leave the events out; the reader regenerates them from config_yaml.
   bool generated_events = false;
+  // The writer's kGeneratorVersion, as read back (0: version 1 or 2, not recorded). Writers
+  // always write their own build's.
+  uint32_t generator_version = kGeneratorVersion;
 };
 
 class TraceWriter {

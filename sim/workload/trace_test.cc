@@ -1,5 +1,6 @@
 #include "sim/workload/trace.h"
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -18,6 +19,23 @@ using ::testing::HasSubstr;
 std::string Bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// The offset of the events-mode byte of a TinyWorkload trace: right after the last feature
+// table's name ("category", found twice: the config YAML holds it first).
+size_t EventsModeAt(const std::string& bytes) {
+  const std::string last_name = "category";
+  return bytes.find(last_name, bytes.find(last_name) + 1) + last_name.size();
+}
+
+// Recomputes the footer's FNV-1a over the bytes from `from` (0 for version 2 on, which hashes the
+// header; the records' start for version 1) to the footer (u8 0 · u64 count · u64 hash).
+void Rehash(std::string* bytes, size_t from) {
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  for (size_t i = from; i < bytes->size() - 17; ++i) {
+    hash = (hash ^ static_cast<uint8_t>((*bytes)[i])) * 0x100000001b3ULL;
+  }
+  bytes->replace(bytes->size() - 8, 8, reinterpret_cast<const char*>(&hash), 8);
 }
 
 class TraceTest : public ::testing::Test {
@@ -45,6 +63,13 @@ class TraceTest : public ::testing::Test {
       if (!more.ok()) return more.status();
       if (!*more) return absl::OkStatus();
     }
+  }
+  // Writes `content` to a temporary file (removed after the test); returns its path.
+  std::string Save(const std::string& name, const std::string& content) {
+    const std::string p = Path(name);
+    paths_.push_back(p);
+    std::ofstream(p, std::ios::binary) << content;
+    return p;
   }
   std::vector<std::string> paths_;
 };
@@ -88,33 +113,50 @@ TEST_F(TraceTest, ExplicitEventsReadBackTheSameAndVersionOneStillReads) {
   EXPECT_GT(Bytes(explicit_).size(), Bytes(generated).size());
   ExpectGeneratorsRequests(explicit_, 7);
 
-  // Version 1: version field 1, no events byte after the feature tables (explicit events), the
-  // footer's FNV-1a over the records only.
+  // Version 1: version field 1, no events byte nor generator version after the feature tables
+  // (explicit events), the footer's FNV-1a over the records only.
   std::string v1 = Bytes(explicit_);
-  const std::string last_name = "category";  // the second one: the first is in the config YAML
-  const size_t mode = v1.find(last_name, v1.find(last_name) + 1) + last_name.size();
+  const size_t mode = EventsModeAt(v1);
   ASSERT_EQ(v1[mode], '\0');
-  v1.erase(mode, 1);
+  v1.erase(mode, 5);
   v1[8] = 1;
-  uint64_t hash = 0xcbf29ce484222325ULL;
-  for (size_t i = mode; i < v1.size() - 17; ++i) {
-    hash = (hash ^ static_cast<uint8_t>(v1[i])) * 0x100000001b3ULL;
-  }
-  v1.replace(v1.size() - 8, 8, reinterpret_cast<const char*>(&hash), 8);
-  const std::string p = Path("v1");
-  paths_.push_back(p);
-  std::ofstream(p, std::ios::binary) << v1;
-  ExpectGeneratorsRequests(p, 7);
+  Rehash(&v1, mode);
+  ExpectGeneratorsRequests(Save("v1", v1), 7);
+}
+
+// Version 2 recorded no generator version: its generated traces read as they are. Version 3
+// refuses a generated trace of another generator version (its events would come out different).
+TEST_F(TraceTest, GeneratedTracesOfAnotherGeneratorVersionAreRefused) {
+  const std::string v3 = Bytes(Write(7, "gen"));
+  const size_t mode = EventsModeAt(v3);
+  ASSERT_EQ(v3[mode], '\1');
+  uint32_t recorded = 0;
+  std::memcpy(&recorded, v3.data() + mode + 1, 4);
+  EXPECT_EQ(recorded, static_cast<uint32_t>(kGeneratorVersion));
+  EXPECT_EQ((*TraceReader::Open(Save("v3", v3)))->header().generator_version, recorded);
+
+  std::string v2 = v3;
+  v2.erase(mode + 1, 4);
+  v2[8] = 2;
+  Rehash(&v2, 0);
+  const std::string v2_path = Save("v2", v2);
+  EXPECT_EQ((*TraceReader::Open(v2_path))->header().generator_version, 0u);
+  ExpectGeneratorsRequests(v2_path, 7);
+
+  std::string other = v3;
+  const uint32_t next = recorded + 1;
+  std::memcpy(other.data() + mode + 1, &next, 4);
+  Rehash(&other, 0);
+  const absl::Status st = TraceReader::Open(Save("other", other)).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("generator version"));
 }
 
 TEST_F(TraceTest, DamageIsAnErrorNotAShortTrace) {
   const std::string good = Write(7, "good");
   const std::string bytes = Bytes(good);
   auto variant = [&](const std::string& name, const std::string& content) {
-    const std::string p = Path(name);
-    paths_.push_back(p);
-    std::ofstream(p, std::ios::binary) << content;
-    return ReadAll(p);
+    return ReadAll(Save(name, content));
   };
   EXPECT_TRUE(ReadAll(good).ok());
   EXPECT_THAT(std::string(variant("trunc", bytes.substr(0, bytes.size() / 2)).message()),
