@@ -36,7 +36,8 @@ namespace fs = std::filesystem;
 
 // Runs argv[0] (PATH searched) and returns its exit status (-1 when it could not start); its
 // stdout into *out when given.
-int RunCommand(const std::vector<std::string>& args, std::string* out = nullptr) {
+int RunCommand(const std::vector<std::string>& args, std::string* out = nullptr,
+               const std::string& err_path = "") {
   std::vector<char*> argv;
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -50,7 +51,9 @@ int RunCommand(const std::vector<std::string>& args, std::string* out = nullptr)
   } else {
     posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
   }
-  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO,
+                                   err_path.empty() ? "/dev/null" : err_path.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
   pid_t pid = 0;
   const int spawned = posix_spawnp(&pid, argv[0], &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
@@ -441,8 +444,13 @@ absl::Status Plot(const std::string& script, const std::string& png, const std::
                        script)));
   std::error_code ec;
   fs::create_directories(fs::path(png).parent_path(), ec);
-  if (const int rc = RunCommand({"gnuplot", gp.string()}); rc != 0) {
-    return absl::InternalError(absl::StrCat("gnuplot ", gp.string(), " failed (exit ", rc, ")"));
+  const std::string log = fs::path(gp).replace_extension(".log").string();
+  if (const int rc = RunCommand({"gnuplot", gp.string()}, nullptr, log); rc != 0) {
+    std::ifstream in(log);
+    std::string err((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (err.size() > 600) err = "…" + err.substr(err.size() - 600);
+    return absl::InternalError(
+        absl::StrCat("gnuplot ", gp.string(), " failed (exit ", rc, "): ", err));
   }
   return absl::OkStatus();
 }

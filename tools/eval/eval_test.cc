@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tools/eval/experiments.h"
 #include "tools/twin_setup.h"
 
 namespace hlem::eval {
@@ -119,6 +120,15 @@ TEST_F(EvalTest, UnknownNamesAreErrorsThatListTheKnownOnes) {
 }
 
 // The smoke version of experiment 2: every output produced and well-formed.
+TEST(InteriorOptimumTest, InsideTheAlphasThatServeOnly) {
+  EXPECT_STREQ(InteriorOptimum(4, 0, 9, 11), "yes");
+  EXPECT_STREQ(InteriorOptimum(0, 0, 9, 11), "no (a grid end)");
+  EXPECT_STREQ(InteriorOptimum(10, 0, 10, 11), "no (a grid end)");
+  // α 1 (index 10) served nothing: 0.9 ends the αs that serve.
+  EXPECT_STREQ(InteriorOptimum(9, 0, 9, 11), "no (the end of the αs that serve)");
+  EXPECT_STREQ(InteriorOptimum(2, 2, 9, 11), "no (the end of the αs that serve)");
+}
+
 TEST_F(EvalTest, AlphaSweepQuickWritesItsCsvTableAndPlot) {
   const EvalOptions o = QuickLocal();
   const absl::Status st = RunExperiment("alpha-sweep", o);

@@ -1,6 +1,8 @@
 #pragma once
 // The experiments of `hlem eval` (eval.h), one function each, in their own files.
 
+#include <cstddef>
+
 #include "absl/status/status.h"
 #include "tools/eval/eval.h"
 
@@ -11,6 +13,9 @@ namespace hlem::eval {
 absl::Status EndToEnd(const EvalOptions& options, const Profile& profile, Stamp& stamp);
 // Experiment 2: P99 against a static α per regime, long and short histories (alpha_sweep.cc).
 absl::Status AlphaSweep(const EvalOptions& options, const Profile& profile, Stamp& stamp);
+// Where the best α (index `best` of a grid of `grid` αs) lies: "yes" (interior) strictly inside
+// the αs that served requests (indices first_served..last_served), otherwise which end it is.
+const char* InteriorOptimum(size_t best, size_t first_served, size_t last_served, size_t grid);
 // Experiment 6: routing policies at one static α (routing.cc).
 absl::Status Routing(const EvalOptions& options, const Profile& profile, Stamp& stamp);
 
