@@ -124,9 +124,16 @@ int Sweep(const SimFlags& f) {
     if (!r.ok()) return SimFail(absl::StrCat("run at alpha ", alpha), r.status());
     const loadgen::Summary& o = r->report.overall;
     const double reward = RunReward(o, s->slo_ms);
-    std::printf("%6.2f %9llu %9.2f %9.2f %9.2f %8.2f %8.1f %8.4f\n", alpha,
-                static_cast<unsigned long long>(o.requests), o.p50_ms, o.p90_ms, o.p99_ms,
-                100 * o.slo_satisfaction, 100 * o.kv_reuse, reward);
+    if (o.ok == 0) {  // no latency to show (α 1: no KV pool); the CSV keeps the codes' count
+      std::string codes;
+      for (const auto& [code, n] : o.codes) absl::StrAppend(&codes, " ", code, " ", n);
+      std::printf("%6.2f %9llu   no request answered OK:%s %8.4f\n", alpha,
+                  static_cast<unsigned long long>(o.requests), codes.c_str(), reward);
+    } else {
+      std::printf("%6.2f %9llu %9.2f %9.2f %9.2f %8.2f %8.1f %8.4f\n", alpha,
+                  static_cast<unsigned long long>(o.requests), o.p50_ms, o.p90_ms, o.p99_ms,
+                  100 * o.slo_satisfaction, 100 * o.kv_reuse, reward);
+    }
     std::fflush(stdout);
     absl::StrAppendFormat(&csv, "%.2f,%d,%d,%.3f,%.3f,%.3f,%.4f,%.4f,%.4f,%.2f\n", alpha,
                           o.requests, o.ok, o.p50_ms, o.p90_ms, o.p99_ms, o.slo_satisfaction,
