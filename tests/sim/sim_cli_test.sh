@@ -15,6 +15,21 @@ trap 'rm -rf "$dir"' EXIT
 
 "$hlem" workload generate --config "$src/deploy/local/workload.yaml" --regime steady \
   --duration 20s --seed 3 --out "$dir/t.trace" >/dev/null
+# --phase-duration: every phase of the config this long (3 phases × 7 s = 21 s); a duration that
+# does not parse or is not positive, or one combined with --regime, is a clear error (exit 2).
+"$hlem" workload generate --config "$src/deploy/local/workload.yaml" --phase-duration 7s \
+  --seed 3 --out "$dir/p.trace" | grep -q "over 21 s" || { echo "--phase-duration 7s: not 21 s" >&2; exit 1; }
+for bad in 0s abc; do
+  code=0
+  "$hlem" workload generate --phase-duration "$bad" --out "$dir/bad.trace" 2>"$dir/err.txt" || code=$?
+  if [ "$code" -ne 2 ] || ! grep -q -- "--phase-duration" "$dir/err.txt"; then
+    echo "--phase-duration $bad: exit $code" >&2; cat "$dir/err.txt" >&2; exit 1
+  fi
+done
+code=0
+"$hlem" workload generate --phase-duration 7s --regime burst --out "$dir/bad.trace" \
+  2>"$dir/err.txt" || code=$?
+[ "$code" -ne 0 ] || { echo "--phase-duration with --regime was accepted" >&2; exit 1; }
 sim() {  # sim <trace> <cost file> [flags]
   local trace=$1 costs=$2
   shift 2
