@@ -18,11 +18,20 @@ double Quantile(const std::vector<double>& sorted, double q) {
   return sorted[std::min(sorted.size() - 1, i)];
 }
 
-void Finish(Summary* s, std::vector<double>* latencies, uint64_t cached, uint64_t computed) {
-  std::sort(latencies->begin(), latencies->end());
-  s->p50_ms = Quantile(*latencies, 0.5);
-  s->p90_ms = Quantile(*latencies, 0.9);
-  s->p99_ms = Quantile(*latencies, 0.99);
+// What a Summary's quantiles and KV reuse are computed from: its OK answers' latencies and
+// (cached, computed history) tokens.
+struct Samples {
+  std::vector<double> latencies_ms;
+  uint64_t cached = 0, computed = 0;
+};
+
+void Finish(Summary* s, Samples* x) {
+  std::vector<double>& latencies = x->latencies_ms;
+  const uint64_t cached = x->cached, computed = x->computed;
+  std::sort(latencies.begin(), latencies.end());
+  s->p50_ms = Quantile(latencies, 0.5);
+  s->p90_ms = Quantile(latencies, 0.9);
+  s->p99_ms = Quantile(latencies, 0.99);
   s->slo_satisfaction =
       s->requests == 0 ? 0 : static_cast<double>(s->within_slo) / static_cast<double>(s->requests);
   s->throughput = s->seconds > 0 ? static_cast<double>(s->ok) / s->seconds : 0;
@@ -57,19 +66,15 @@ Report Summarize(const std::vector<Outcome>& outcomes, uint64_t window_ns, doubl
         static_cast<double>(ps.span.end_ns - std::min(ps.span.end_ns, ps.span.start_ns)) / 1e9;
     r.phases.push_back(std::move(ps));
   }
-  std::vector<std::vector<double>> phase_latencies(phases.size());
-  std::vector<std::pair<uint64_t, uint64_t>> phase_tokens(phases.size());
-  std::vector<std::vector<double>> latencies;
-  std::vector<double> all;
-  std::vector<std::pair<uint64_t, uint64_t>> tokens;  // (cached, computed history) per window
-  uint64_t cached = 0, computed = 0, first = ~uint64_t{0}, last = 0;
+  std::vector<Samples> window_samples, phase_samples(phases.size());
+  Samples all;
+  uint64_t first = ~uint64_t{0}, last = 0;
   for (const Outcome& o : outcomes) {
     const uint64_t w = o.scheduled_ns / std::max<uint64_t>(1, window_ns);
     if (r.windows.size() <= w) {
       const size_t from = r.windows.size();
       r.windows.resize(w + 1);
-      latencies.resize(w + 1);
-      tokens.resize(w + 1);
+      window_samples.resize(w + 1);
       for (size_t i = from; i <= w; ++i) {
         r.windows[i].window = i;
         r.windows[i].seconds = static_cast<double>(window_ns) / 1e9;
@@ -82,13 +87,16 @@ Report Summarize(const std::vector<Outcome>& outcomes, uint64_t window_ns, doubl
       const PhaseSpan& span = r.phases[i].span;
       if (o.scheduled_ns >= span.start_ns && o.scheduled_ns < span.end_ns) phase = i;
     }
-    Summary* scope[3] = {&r.windows[w], overall ? &r.overall : nullptr,
-                         phase < r.phases.size() ? &r.phases[phase].summary : nullptr};
+    const std::pair<Summary*, Samples*> scope[3] = {
+        {&r.windows[w], &window_samples[w]},
+        overall ? std::pair{&r.overall, &all} : std::pair<Summary*, Samples*>{},
+        phase < r.phases.size() ? std::pair{&r.phases[phase].summary, &phase_samples[phase]}
+                                : std::pair<Summary*, Samples*>{}};
     if (overall) {
       first = std::min(first, o.scheduled_ns);
       last = std::max(last, o.sent_ns + o.latency_ns);
     }
-    for (Summary* s : scope) {
+    for (const auto& [s, x] : scope) {
       if (s == nullptr) continue;
       ++s->requests;
       ++s->codes[CodeName(o.code)];
@@ -98,35 +106,21 @@ Report Summarize(const std::vector<Outcome>& outcomes, uint64_t window_ns, doubl
     const bool within = ms <= slo_ms;
     const uint64_t history =
         o.computed_tokens > o.candidates ? o.computed_tokens - o.candidates : 0;  // new history
-    for (Summary* s : scope) {
+    for (const auto& [s, x] : scope) {
       if (s == nullptr) continue;
       ++s->ok;
       s->within_slo += within;
       s->stale_kv_hits += o.stale_kv_hit;
+      x->latencies_ms.push_back(ms);
+      x->cached += o.cached_prefix_tokens;
+      x->computed += history;
     }
-    latencies[w].push_back(ms);
-    tokens[w].first += o.cached_prefix_tokens;
-    tokens[w].second += history;
-    if (phase < r.phases.size()) {
-      phase_latencies[phase].push_back(ms);
-      phase_tokens[phase].first += o.cached_prefix_tokens;
-      phase_tokens[phase].second += history;
-    }
-    if (!overall) continue;
-    all.push_back(ms);
-    cached += o.cached_prefix_tokens;
-    computed += history;
   }
   r.overall.seconds =
       r.overall.requests == 0 || last <= first ? 0 : static_cast<double>(last - first) / 1e9;
-  for (size_t w = 0; w < r.windows.size(); ++w) {
-    Finish(&r.windows[w], &latencies[w], tokens[w].first, tokens[w].second);
-  }
-  Finish(&r.overall, &all, cached, computed);
-  for (size_t i = 0; i < r.phases.size(); ++i) {
-    Finish(&r.phases[i].summary, &phase_latencies[i], phase_tokens[i].first,
-           phase_tokens[i].second);
-  }
+  for (size_t w = 0; w < r.windows.size(); ++w) Finish(&r.windows[w], &window_samples[w]);
+  Finish(&r.overall, &all);
+  for (size_t i = 0; i < r.phases.size(); ++i) Finish(&r.phases[i].summary, &phase_samples[i]);
   return r;
 }
 
