@@ -34,6 +34,9 @@ void RegisterEvalCommands(CLI::App& app, Run* run) {
   cmd->add_option("--layers", options->layers, "HSTU depths of e2e (3,6)")
       ->delimiter(',')
       ->check(CLI::Range(1, 64));
+  cmd->add_option("--controllers", options->controllers,
+                  "controllers of the controllers experiment (all of the registry)")
+      ->delimiter(',');
   cmd->add_option("--jobs", options->jobs, "twin runs at a time (processes)")
       ->check(CLI::Range(1u, 256u));
   cmd->add_flag("--quick", options->quick, "short traces and coarse grids (a smoke run)");

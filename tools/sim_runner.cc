@@ -96,7 +96,8 @@ std::string NodeLines(sim::Twin& twin) {
 }
 
 absl::StatusOr<std::unique_ptr<sim::Twin>> RunTwin(const SimSetup& s, double alpha,
-                                                   std::vector<sim::ControlRecord>* decisions) {
+                                                   std::vector<sim::ControlRecord>* decisions,
+                                                   std::vector<sim::TrackedWindow>* tracked) {
   sim::TwinOptions options = s.twin;
   options.alpha = alpha;
   auto twin = sim::Twin::Create(options, s.workload);
@@ -105,17 +106,26 @@ absl::StatusOr<std::unique_ptr<sim::Twin>> RunTwin(const SimSetup& s, double alp
   if (!reader.ok()) return reader.status();
   TraceSource source{.reader = std::move(*reader)};
   absl::Status st;
-  if (s.controller.name == "static") {
+  if (s.controller.name == "static" && !s.track.has_value()) {
     st = (*twin)->Run(source.Next());
   } else {
     allocator::ControllerSpec spec = s.controller;
     spec.alpha = alpha;  // the static α of "recovery"; where the others start
     absl::StatusOr<allocator::ControllerFactory> make = allocator::MakeControllerFactory(spec);
     if (!make.ok()) return make.status();
-    absl::StatusOr<std::vector<sim::ControlRecord>> records =
-        sim::RunControlled(**twin, source.Next(), *make, {.window = s.twin.node.local.node.window});
-    st = records.status();
-    if (records.ok() && decisions != nullptr) *decisions = std::move(*records);
+    const sim::ControlOptions control{.window = s.twin.node.local.node.window};
+    if (s.track.has_value()) {
+      absl::StatusOr<sim::Tracked> t =
+          sim::TrackControlled(**twin, source.Next(), *make, control, *s.track);
+      st = t.status();
+      if (t.ok() && decisions != nullptr) *decisions = std::move(t->decisions);
+      if (t.ok() && tracked != nullptr) *tracked = std::move(t->windows);
+    } else {
+      absl::StatusOr<std::vector<sim::ControlRecord>> records =
+          sim::RunControlled(**twin, source.Next(), *make, control);
+      st = records.status();
+      if (records.ok() && decisions != nullptr) *decisions = std::move(*records);
+    }
   }
   if (!source.error.ok()) return source.error;
   if (!st.ok()) return st;
@@ -146,9 +156,11 @@ std::string DecisionsLine(const std::vector<sim::ControlRecord>& records) {
 
 absl::StatusOr<SimRunResult> RunOnce(const SimSetup& s, double alpha) {
   std::vector<sim::ControlRecord> decisions;
-  absl::StatusOr<std::unique_ptr<sim::Twin>> twin = RunTwin(s, alpha, &decisions);
+  std::vector<sim::TrackedWindow> tracked;
+  absl::StatusOr<std::unique_ptr<sim::Twin>> twin = RunTwin(s, alpha, &decisions, &tracked);
   if (!twin.ok()) return twin.status();
   SimRunResult result;
+  result.tracked = std::move(tracked);
   if (s.controller.name != "static") result.nodes = DecisionsLine(decisions);
   result.decisions = std::move(decisions);
   result.stats = (*twin)->stats();

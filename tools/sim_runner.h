@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "allocator_service/core/registry.h"
 #include "sim/twin/control.h"
+#include "sim/twin/oracle.h"
 #include "sim/twin/twin.h"
 #include "sim/workload/trace.h"
 #include "tools/loadgen/summary.h"
@@ -41,6 +43,8 @@ struct SimSetup {
   double slo_ms = 0;
   uint64_t window_ns = 0, warmup_ns = 0;
   allocator::ControllerSpec controller;  // allocator/core/registry.h; its α is the run's
+  // Set: the controller (static ones too) is tracked against α*_t (sim::TrackControlled).
+  std::optional<sim::OracleOptions> track;
 };
 
 struct SimSetupOptions {
@@ -64,6 +68,7 @@ struct SimRunResult {
   sim::TwinStats stats;
   std::string nodes;  // a line per node: its caches and link over the whole run
   std::vector<sim::ControlRecord> decisions;  // under a controller
+  std::vector<sim::TrackedWindow> tracked;    // with SimSetup::track
   // Locality the router gave up (OK answers after the warm-up): the share of them that had a
   // node with the user's K/V and went elsewhere, and the mean of best h_emb − the chosen node's.
   double kv_given_up = 0, emb_given_up = 0;
@@ -71,9 +76,10 @@ struct SimRunResult {
 };
 
 // The whole trace through a twin starting at α: static, or under the setup's controller (one per
-// node; its decisions in *decisions).
+// node; its decisions in *decisions); with s.track, tracked against α*_t (into *tracked).
 absl::StatusOr<std::unique_ptr<sim::Twin>> RunTwin(
-    const SimSetup& s, double alpha, std::vector<sim::ControlRecord>* decisions = nullptr);
+    const SimSetup& s, double alpha, std::vector<sim::ControlRecord>* decisions = nullptr,
+    std::vector<sim::TrackedWindow>* tracked = nullptr);
 // RunTwin, summarised; checks that every request has exactly one outcome.
 absl::StatusOr<SimRunResult> RunOnce(const SimSetup& s, double alpha);
 

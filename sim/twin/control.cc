@@ -1,5 +1,6 @@
 #include "sim/twin/control.h"
 
+#include <chrono>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -21,44 +22,65 @@ allocator::WindowState ToWindowState(const serving::NodeWindow& w) {
           .p99_norm_cap = w.p99_norm_cap > 0 ? w.p99_norm_cap : 4};
 }
 
-absl::StatusOr<std::vector<ControlRecord>> RunControlled(
-    Twin& twin, std::function<bool(TraceRequest*)> next,
-    const std::function<std::unique_ptr<allocator::Controller>()>& make,
+absl::StatusOr<ControlLoop> ControlLoop::Create(
+    Twin& twin, const std::function<std::unique_ptr<allocator::Controller>()>& make,
     const ControlOptions& options) {
   if (options.window <= absl::ZeroDuration() || options.delay < absl::ZeroDuration() ||
       options.delay >= options.window || options.max_history == 0) {
     return absl::InvalidArgumentError(
         "control: window must be positive, delay in [0, window), max_history positive");
   }
+  ControlLoop loop(twin, options);
   const size_t n = twin.num_nodes();
-  std::vector<std::unique_ptr<allocator::Controller>> controllers;
   for (size_t i = 0; i < n; ++i) {
-    controllers.push_back(make());
-    if (controllers.back() == nullptr) return absl::InvalidArgumentError("control: no controller");
+    loop.controllers_.push_back(make());
+    if (loop.controllers_.back() == nullptr) {
+      return absl::InvalidArgumentError("control: no controller");
+    }
   }
-  std::vector<std::vector<allocator::WindowState>> history(n);
-  std::vector<uint64_t> next_window(n, 0);  // the first window index not yet decided on
+  loop.history_.resize(n);
+  loop.next_window_.assign(n, 0);
+  loop.alphas_.assign(n, twin.options().alpha);
+  return loop;
+}
+
+absl::Status ControlLoop::Decide(std::vector<ControlRecord>* records) {
+  for (size_t i = 0; i < controllers_.size(); ++i) {
+    for (const serving::NodeWindow& w : twin_->node(i).node->Windows(options_.max_history)) {
+      if (w.index < next_window_[i]) continue;
+      next_window_[i] = w.index + 1;
+      std::vector<allocator::WindowState>& h = history_[i];
+      h.push_back(ToWindowState(w));
+      if (h.size() > options_.max_history) h.erase(h.begin());
+      const auto start = std::chrono::steady_clock::now();
+      const allocator::Decision d = controllers_[i]->Decide(h);
+      const auto decide_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                 std::chrono::steady_clock::now() - start)
+                                 .count();
+      RETURN_IF_ERROR(twin_->SetAlpha(i, d.alpha));
+      alphas_[i] = d.alpha;
+      controllers_[i]->Learn();  // off the decision path: after the α is applied
+      records->push_back({.window = w.index,
+                          .node = static_cast<uint32_t>(i),
+                          .alpha = d.alpha,
+                          .reason = d.reason,
+                          .detail = d.detail,
+                          .decide_ns = static_cast<uint64_t>(decide_ns)});
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<ControlRecord>> RunControlled(
+    Twin& twin, std::function<bool(TraceRequest*)> next,
+    const std::function<std::unique_ptr<allocator::Controller>()>& make,
+    const ControlOptions& options) {
+  ASSIGN_OR_RETURN(ControlLoop loop, ControlLoop::Create(twin, make, options));
   std::vector<ControlRecord> records;
   RETURN_IF_ERROR(twin.Start(std::move(next)));
   for (int64_t k = 1; !twin.done(); ++k) {
     twin.RunUntil(options.window * k + options.delay);
-    for (size_t i = 0; i < n; ++i) {
-      for (const serving::NodeWindow& w : twin.node(i).node->Windows(options.max_history)) {
-        if (w.index < next_window[i]) continue;
-        next_window[i] = w.index + 1;
-        std::vector<allocator::WindowState>& h = history[i];
-        h.push_back(ToWindowState(w));
-        if (h.size() > options.max_history) h.erase(h.begin());
-        const allocator::Decision d = controllers[i]->Decide(h);
-        RETURN_IF_ERROR(twin.SetAlpha(i, d.alpha));
-        controllers[i]->Learn();  // off the decision path: after the α is applied
-        records.push_back({.window = w.index,
-                           .node = static_cast<uint32_t>(i),
-                           .alpha = d.alpha,
-                           .reason = d.reason,
-                           .detail = d.detail});
-      }
-    }
+    RETURN_IF_ERROR(loop.Decide(&records));
   }
   RETURN_IF_ERROR(twin.Finish());
   return records;

@@ -27,12 +27,36 @@ struct ControlRecord {
   double alpha = 0;
   allocator::Reason reason = allocator::Reason::kHold;
   std::string detail;
+  uint64_t decide_ns = 0;  // wall time of the controller's Decide (not simulated; not hashed)
 };
 
 struct ControlOptions {
   absl::Duration window = absl::Seconds(5);      // the nodes' window (node config: node.window)
   absl::Duration delay = absl::Milliseconds(1);  // after a window closes, the decision
   size_t max_history = 64;                       // windows kept per node for the controller
+};
+
+// The loop's state: a controller per node, each node's closed windows so far and its α.
+class ControlLoop {
+ public:
+  // INVALID_ARGUMENT for bad options or a factory that makes no controller.
+  static absl::StatusOr<ControlLoop> Create(
+      Twin& twin, const std::function<std::unique_ptr<allocator::Controller>()>& make,
+      const ControlOptions& options);
+  // Every node's controller decides on each of its windows closed since the last call (in
+  // order) and its α is applied; the decisions are appended to *records.
+  absl::Status Decide(std::vector<ControlRecord>* records);
+  // The α each node runs with now (the last applied; the twin's start α before any decision).
+  const std::vector<double>& alphas() const { return alphas_; }
+
+ private:
+  ControlLoop(Twin& twin, ControlOptions options) : twin_(&twin), options_(options) {}
+  Twin* twin_;
+  ControlOptions options_;
+  std::vector<std::unique_ptr<allocator::Controller>> controllers_;
+  std::vector<std::vector<allocator::WindowState>> history_;
+  std::vector<uint64_t> next_window_;  // per node, the first window index not yet decided on
+  std::vector<double> alphas_;
 };
 
 // Replays `next` through `twin` (not started) with a controller per node from `make`, then

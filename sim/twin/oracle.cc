@@ -111,76 +111,146 @@ double Reward(double slo_satisfied, absl::Duration p99, absl::Duration slo) {
   return slo_satisfied - std::max(0.0, norm - 1.0);
 }
 
-absl::StatusOr<std::vector<WindowOracle>> WindowAlphaStar(
-    Twin& twin, const OracleOptions& o,
-    const std::function<double(uint64_t window, double alpha_star)>& follow) {
+absl::Status CheckOptions(const OracleOptions& o) {
   if (!(o.coarse_step > 0 && o.fine_step > 0 && o.finest_step > 0 && o.lo <= o.hi) ||
       o.window <= absl::ZeroDuration() || o.parallel < 1) {
     return absl::InvalidArgumentError("oracle: bad grid, window or parallelism");
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<WindowOracle> SearchAlphaStar(Twin& twin, uint64_t window, absl::Duration from,
+                                             absl::Duration to, double prefer,
+                                             const OracleOptions& o) {
+  if (absl::Status st = CheckOptions(o); !st.ok()) return st;
+  if (to <= from) return absl::InvalidArgumentError("oracle: empty window");
+  // Every request a child may see, read by the parent before it forks.
+  twin.Prefetch(to + o.drain + absl::Seconds(1));
+  WindowOracle result{.window = window};
+  // Evaluates the candidates not evaluated yet, `parallel` children at a time.
+  auto evaluate = [&](const std::vector<double>& alphas) -> absl::Status {
+    std::vector<double> todo;
+    for (double a : alphas) {
+      const bool seen = std::any_of(result.curve.begin(), result.curve.end(),
+                                    [&](const auto& p) { return std::abs(p.first - a) < 1e-9; });
+      if (!seen) todo.push_back(a);
+    }
+    for (size_t i = 0; i < todo.size(); i += static_cast<size_t>(o.parallel)) {
+      std::vector<Child> children;
+      for (size_t j = i; j < std::min(todo.size(), i + static_cast<size_t>(o.parallel)); ++j) {
+        Child c = Fork(twin, todo[j], from, to, o);
+        if (c.pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+        children.push_back(c);
+      }
+      absl::Status first;
+      for (const Child& c : children) {
+        absl::StatusOr<double> r = Collect(c);
+        if (!r.ok() && first.ok()) first = r.status();
+        if (r.ok()) result.curve.push_back({c.alpha, *r});
+      }
+      if (!first.ok()) return first;
+    }
+    std::sort(result.curve.begin(), result.curve.end());
+    return absl::OkStatus();
+  };
+  // The best reward; among equal ones (a window too short for the caches to tell some αs apart),
+  // the α nearest `prefer`: no move without a gain.
+  auto best = [&] {
+    const double top =
+        std::max_element(result.curve.begin(), result.curve.end(),
+                         [](const auto& a, const auto& b) { return a.second < b.second; })
+            ->second;
+    std::pair<double, double> pick = {0, -1e300};
+    for (const auto& p : result.curve) {
+      if (p.second >= top - kRewardTie &&
+          (pick.second < -1e299 || std::abs(p.first - prefer) < std::abs(pick.first - prefer))) {
+        pick = p;
+      }
+    }
+    return pick;
+  };
+  if (absl::Status st = evaluate(Grid(o.lo, o.hi, o.coarse_step, o.lo, o.hi)); !st.ok()) return st;
+  int maxima = 0;
+  for (size_t i = 0; i < result.curve.size(); ++i) {
+    const double r = result.curve[i].second;
+    const bool left = i == 0 || r > result.curve[i - 1].second + 1e-12;
+    const bool right = i + 1 == result.curve.size() || r >= result.curve[i + 1].second - 1e-12;
+    // A plateau counts once: its left end.
+    maxima += left && right;
+  }
+  result.unimodal = maxima <= 1;
+  const double coarse_best = best().first;
+  absl::Status st = result.unimodal
+                        ? evaluate(Grid(coarse_best - o.coarse_step, coarse_best + o.coarse_step,
+                                        o.fine_step, o.lo, o.hi))
+                        : evaluate(Grid(o.lo, o.hi, o.fine_step, o.lo, o.hi));
+  if (!st.ok()) return st;
+  const double fine_best = best().first;
+  st = evaluate(Grid(fine_best - o.fine_step, fine_best + o.fine_step, o.finest_step, o.lo, o.hi));
+  if (!st.ok()) return st;
+  std::tie(result.alpha_star, result.reward_star) = best();
+  return result;
+}
+
+absl::StatusOr<std::vector<WindowOracle>> WindowAlphaStar(
+    Twin& twin, const OracleOptions& o,
+    const std::function<double(uint64_t window, double alpha_star)>& follow) {
+  if (absl::Status st = CheckOptions(o); !st.ok()) return st;
   std::vector<WindowOracle> out;
+  double current = twin.options().alpha;
   for (uint64_t w = 0; !twin.done(); ++w) {
     const absl::Duration from = o.window * static_cast<int64_t>(w), to = from + o.window;
     twin.RunUntil(from);
-    // Every request a child may see, read by the parent before it forks.
-    twin.Prefetch(to + o.drain + absl::Seconds(1));
-    WindowOracle result{.window = w};
-    // Evaluates the candidates not evaluated yet, `parallel` children at a time.
-    auto evaluate = [&](const std::vector<double>& alphas) -> absl::Status {
-      std::vector<double> todo;
-      for (double a : alphas) {
-        const bool seen = std::any_of(result.curve.begin(), result.curve.end(),
-                                      [&](const auto& p) { return std::abs(p.first - a) < 1e-9; });
-        if (!seen) todo.push_back(a);
-      }
-      for (size_t i = 0; i < todo.size(); i += static_cast<size_t>(o.parallel)) {
-        std::vector<Child> children;
-        for (size_t j = i; j < std::min(todo.size(), i + static_cast<size_t>(o.parallel)); ++j) {
-          Child c = Fork(twin, todo[j], from, to, o);
-          if (c.pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
-          children.push_back(c);
-        }
-        absl::Status first;
-        for (const Child& c : children) {
-          absl::StatusOr<double> r = Collect(c);
-          if (!r.ok() && first.ok()) first = r.status();
-          if (r.ok()) result.curve.push_back({c.alpha, *r});
-        }
-        if (!first.ok()) return first;
-      }
-      std::sort(result.curve.begin(), result.curve.end());
-      return absl::OkStatus();
-    };
-    auto best = [&] {
-      return *std::max_element(result.curve.begin(), result.curve.end(),
-                               [](const auto& a, const auto& b) { return a.second < b.second; });
-    };
-    if (absl::Status st = evaluate(Grid(o.lo, o.hi, o.coarse_step, o.lo, o.hi)); !st.ok())
-      return st;
-    int maxima = 0;
-    for (size_t i = 0; i < result.curve.size(); ++i) {
-      const double r = result.curve[i].second;
-      const bool left = i == 0 || r > result.curve[i - 1].second + 1e-12;
-      const bool right = i + 1 == result.curve.size() || r >= result.curve[i + 1].second - 1e-12;
-      // A plateau counts once: its left end.
-      maxima += left && right;
-    }
-    result.unimodal = maxima <= 1;
-    const double coarse_best = best().first;
-    absl::Status st = result.unimodal
-                          ? evaluate(Grid(coarse_best - o.coarse_step, coarse_best + o.coarse_step,
-                                          o.fine_step, o.lo, o.hi))
-                          : evaluate(Grid(o.lo, o.hi, o.fine_step, o.lo, o.hi));
-    if (!st.ok()) return st;
-    const double fine_best = best().first;
-    st =
-        evaluate(Grid(fine_best - o.fine_step, fine_best + o.fine_step, o.finest_step, o.lo, o.hi));
-    if (!st.ok()) return st;
-    std::tie(result.alpha_star, result.reward_star) = best();
+    absl::StatusOr<WindowOracle> found = SearchAlphaStar(twin, w, from, to, current, o);
+    if (!found.ok()) return found.status();
+    WindowOracle result = *std::move(found);
     result.alpha_followed = follow(w, result.alpha_star);
     if (absl::Status set = twin.SetAlpha(result.alpha_followed); !set.ok()) return set;
+    current = result.alpha_followed;
     out.push_back(std::move(result));
     twin.RunUntil(to);
+  }
+  return out;
+}
+
+absl::StatusOr<Tracked> TrackControlled(
+    Twin& twin, std::function<bool(TraceRequest*)> next,
+    const std::function<std::unique_ptr<allocator::Controller>()>& make,
+    const ControlOptions& control, const OracleOptions& oracle) {
+  if (absl::Status st = CheckOptions(oracle); !st.ok()) return st;
+  absl::StatusOr<ControlLoop> loop = ControlLoop::Create(twin, make, control);
+  if (!loop.ok()) return loop.status();
+  if (absl::Status st = twin.Start(std::move(next)); !st.ok()) return st;
+  Tracked out;
+  std::vector<TrackedWindow> windows;
+  for (int64_t k = 1; !twin.done(); ++k) {
+    const absl::Duration from = control.window * k + control.delay, to = from + control.window;
+    twin.RunUntil(from);
+    double current = 0;  // the nodes' mean α_{t−1}
+    for (double a : loop->alphas()) current += a / static_cast<double>(loop->alphas().size());
+    absl::StatusOr<WindowOracle> star =
+        SearchAlphaStar(twin, static_cast<uint64_t>(k), from, to, current, oracle);
+    if (!star.ok()) return star.status();
+    if (absl::Status st = loop->Decide(&out.decisions); !st.ok()) return st;
+    TrackedWindow w{.window = static_cast<uint64_t>(k),
+                    .alpha_star = star->alpha_star,
+                    .reward_star = star->reward_star,
+                    .unimodal = star->unimodal,
+                    .alphas = loop->alphas(),
+                    .curve = std::move(star->curve)};
+    for (double a : w.alphas)
+      w.gap += std::abs(a - w.alpha_star) / static_cast<double>(w.alphas.size());
+    windows.push_back(std::move(w));
+  }
+  if (absl::Status st = twin.Finish(); !st.ok()) return st;
+  for (TrackedWindow& w : windows) {
+    const absl::Duration from = control.window * static_cast<int64_t>(w.window) + control.delay;
+    const auto lo = static_cast<uint64_t>(absl::ToInt64Nanoseconds(from));
+    const auto hi = static_cast<uint64_t>(absl::ToInt64Nanoseconds(from + control.window));
+    for (const TwinOutcome& o : twin.outcomes()) w.requests += o.sent_ns >= lo && o.sent_ns < hi;
+    if (w.requests == 0) continue;  // after the trace's end
+    w.reward = WindowReward(twin.outcomes(), from, from + control.window, oracle.slo);
+    out.windows.push_back(std::move(w));
   }
   return out;
 }

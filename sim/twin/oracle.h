@@ -7,7 +7,8 @@
 // of the window and until every request sent in it has its outcome, and reports the window's
 // reward; every child sees the same requests (the trace) and the same state (common random
 // numbers). α*_t is the best candidate. The parent then runs window t with the α `follow` names
-// (α*_t itself for the oracle trajectory, or a controller's) and goes on.
+// (α*_t itself for the oracle trajectory, or a controller's) and goes on. Candidates whose rewards
+// tie go to the one nearest the α the nodes run (no move without a gain).
 //
 // Reward of a window (ARCHITECTURE §3): over the requests sent in it, the SLO-satisfied fraction
 // (OK within the SLO) − max(0, P99 − SLO) ÷ SLO, where a failed request counts as never answered
@@ -26,6 +27,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "sim/twin/control.h"
 #include "sim/twin/twin.h"
 
 namespace hlem::sim {
@@ -56,11 +58,46 @@ double Reward(double slo_satisfied, absl::Duration p99, absl::Duration slo);
 double WindowReward(const std::vector<TwinOutcome>& outcomes, absl::Duration from,
                     absl::Duration to, absl::Duration slo);
 
+// α*_t of the window [from, to) from the twin's state now (at `from`; started): the search above,
+// in forked children. `window` only labels the result (alpha_followed is left 0). Rewards within
+// kRewardTie of the best are a tie, broken toward `prefer` (the α the nodes run now).
+inline constexpr double kRewardTie = 1e-9;
+absl::StatusOr<WindowOracle> SearchAlphaStar(Twin& twin, uint64_t window, absl::Duration from,
+                                             absl::Duration to, double prefer,
+                                             const OracleOptions& options);
+
 // Runs a started twin (Twin::Start) window by window to the end of its trace. `follow(t, α*_t)`
 // names the α the parent applies in window t. Does not call Finish. INTERNAL when a child
 // fails.
 absl::StatusOr<std::vector<WindowOracle>> WindowAlphaStar(
     Twin& twin, const OracleOptions& options,
     const std::function<double(uint64_t window, double alpha_star)>& follow);
+
+// INVALID_ARGUMENT for a bad grid, window or parallelism.
+absl::Status CheckOptions(const OracleOptions& options);
+
+// A controller tracked against α*_t (issue 8, experiments 3 and 4): the control loop of
+// control.h over `twin` (not started); at each decision point (window t ≥ 1 starts at
+// t·window + delay) α*_t is searched from the controllers' own state (their α_{t−1}, the caches
+// they left) before they decide, then the controllers decide and the twin runs window t with
+// their α. The oracle's window is the control window. Finish()es the twin.
+struct TrackedWindow {
+  uint64_t window = 0;
+  double alpha_star = 0, reward_star = 0;
+  bool unimodal = true;
+  std::vector<double> alphas;  // per node, the α the controllers run window t with
+  double gap = 0;              // mean over nodes of |α_n − α*_t|
+  double reward = 0;           // the window's reward as the controllers ran it
+  uint64_t requests = 0;       // sent in the window
+  std::vector<std::pair<double, double>> curve;  // the oracle's (α, reward), ascending α
+};
+struct Tracked {
+  std::vector<TrackedWindow> windows;  // the windows that had requests
+  std::vector<ControlRecord> decisions;
+};
+absl::StatusOr<Tracked> TrackControlled(
+    Twin& twin, std::function<bool(TraceRequest*)> next,
+    const std::function<std::unique_ptr<allocator::Controller>()>& make,
+    const ControlOptions& control, const OracleOptions& oracle);
 
 }  // namespace hlem::sim

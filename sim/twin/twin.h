@@ -113,6 +113,7 @@ class Twin {
 
   // Outcomes by trace index.
   const std::vector<TwinOutcome>& outcomes() const { return outcomes_; }
+  const TwinOptions& options() const { return options_; }
   const TwinStats& stats() const { return stats_; }
   SimNode& node(size_t i) { return *nodes_[i]; }
   size_t num_nodes() const { return nodes_.size(); }

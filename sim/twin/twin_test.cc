@@ -2,6 +2,7 @@
 #include "sim/twin/train.h"
 
 #include <cmath>
+#include <functional>
 #include <map>
 #include <vector>
 
@@ -27,16 +28,20 @@ std::vector<TraceRequest> Generate(const WorkloadConfig& config) {
   return out;
 }
 
+// Yields the trace's requests in order (a copy: the twin may outlive the caller's vector).
+std::function<bool(TraceRequest*)> Feed(const std::vector<TraceRequest>& trace) {
+  return [trace, i = size_t{0}](TraceRequest* r) mutable {
+    if (i == trace.size()) return false;
+    *r = trace[i++];
+    return true;
+  };
+}
+
 std::unique_ptr<Twin> RunTwin(const TwinOptions& options, const WorkloadConfig& workload,
                               const std::vector<TraceRequest>& trace) {
   auto twin = Twin::Create(options, workload);
   EXPECT_TRUE(twin.ok()) << twin.status();
-  size_t i = 0;
-  const absl::Status st = (*twin)->Run([&](TraceRequest* r) {
-    if (i == trace.size()) return false;
-    *r = trace[i++];
-    return true;
-  });
+  const absl::Status st = (*twin)->Run(Feed(trace));
   EXPECT_TRUE(st.ok()) << st;
   return std::move(*twin);
 }
@@ -155,14 +160,7 @@ TEST(TwinTest, AnsweredBeforeIgnoresRequestsSentLater) {
   const std::vector<TraceRequest> trace = Generate(workload);
   auto twin = Twin::Create(testing::TinyTwin(workload), workload);
   ASSERT_TRUE(twin.ok()) << twin.status();
-  size_t i = 0;
-  ASSERT_TRUE((*twin)
-                  ->Start([&](TraceRequest* r) {
-                    if (i == trace.size()) return false;
-                    *r = trace[i++];
-                    return true;
-                  })
-                  .ok());
+  ASSERT_TRUE((*twin)->Start(Feed(trace)).ok());
   (*twin)->RunUntil(absl::Seconds(3));
   size_t in_flight_later = 0, unanswered_before = 0;
   for (const TwinOutcome& o : (*twin)->outcomes()) {
@@ -193,14 +191,7 @@ TEST(OracleTest, AlphaStarIsTheBestForkAndTheParentReproducesIt) {
   const std::vector<TraceRequest> trace = Generate(workload);
   auto twin = Twin::Create(testing::TinyTwin(workload), workload);
   ASSERT_TRUE(twin.ok());
-  size_t i = 0;
-  ASSERT_TRUE((*twin)
-                  ->Start([&](TraceRequest* r) {
-                    if (i == trace.size()) return false;
-                    *r = trace[i++];
-                    return true;
-                  })
-                  .ok());
+  ASSERT_TRUE((*twin)->Start(Feed(trace)).ok());
   const OracleOptions o{.window = absl::Seconds(1),
                         .slo = absl::Milliseconds(25),
                         .coarse_step = 0.25,
@@ -222,6 +213,61 @@ TEST(OracleTest, AlphaStarIsTheBestForkAndTheParentReproducesIt) {
     EXPECT_DOUBLE_EQ(WindowReward((*twin)->outcomes(), from, from + o.window, o.slo), w.reward_star)
         << "window " << w.window;
   }
+}
+
+// A controller that alternates between two αs window by window (on each node).
+class Alternating : public allocator::Controller {
+ public:
+  std::string name() const override { return "alternating"; }
+  allocator::Decision Decide(std::span<const allocator::WindowState> history) override {
+    return {.alpha = history.back().index % 2 == 0 ? 0.75 : 0.25};
+  }
+};
+
+TEST(OracleTest, TrackingSearchesFromTheControllersStateAndMeasuresTheirGap) {
+  const WorkloadConfig workload = testing::TinyWorkload();
+  const std::vector<TraceRequest> trace = Generate(workload);
+  auto twin = Twin::Create(testing::TinyTwin(workload), workload);
+  ASSERT_TRUE(twin.ok());
+  const ControlOptions control{.window = absl::Seconds(1)};
+  const OracleOptions o{.window = absl::Seconds(1),
+                        .slo = absl::Milliseconds(25),
+                        .coarse_step = 0.25,
+                        .fine_step = 0.125,
+                        .finest_step = 0.125};
+  auto tracked = TrackControlled(
+      **twin, Feed(trace), [] { return std::make_unique<Alternating>(); }, control, o);
+  ASSERT_TRUE(tracked.ok()) << tracked.status();
+  ASSERT_GE(tracked->windows.size(), 3u);
+  EXPECT_EQ(tracked->decisions.size() % (*twin)->num_nodes(), 0u);
+  for (const TrackedWindow& w : tracked->windows) {
+    // Window t runs with the decision on window t − 1.
+    const double alpha = (w.window - 1) % 2 == 0 ? 0.75 : 0.25;
+    ASSERT_EQ(w.alphas.size(), (*twin)->num_nodes());
+    for (double a : w.alphas) EXPECT_EQ(a, alpha) << "window " << w.window;
+    EXPECT_NEAR(w.gap, std::abs(alpha - w.alpha_star), 1e-12);
+    EXPECT_GT(w.requests, 0u);
+    // The oracle's child at the controllers' α saw the same state and requests as the parent.
+    EXPECT_GE(w.reward_star, w.reward - 1e-12);
+    size_t seen = 0;
+    for (const auto& [a, r] : w.curve) {
+      if (a != alpha) continue;
+      ++seen;
+      EXPECT_DOUBLE_EQ(r, w.reward) << "window " << w.window;
+    }
+    EXPECT_EQ(seen, 1u) << "window " << w.window;
+  }
+  // Invalid oracle options are refused before anything runs.
+  auto again = Twin::Create(testing::TinyTwin(workload), workload);
+  ASSERT_TRUE(again.ok());
+  OracleOptions bad = o;
+  bad.coarse_step = 0;
+  EXPECT_EQ(TrackControlled(
+                **again, [](TraceRequest*) { return false; },
+                [] { return std::make_unique<Alternating>(); }, control, bad)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // The fit recovers a twin's own costs from its outcomes: the "real" run is the twin under
@@ -327,15 +373,8 @@ TEST(ControlTest, RecoveryStaysSilentOnASteadyTraceAndDecisionsReachTheNodes) {
   auto run = [&](double alpha) {
     auto twin = Twin::Create(options, workload);
     EXPECT_TRUE(twin.ok()) << twin.status();
-    size_t i = 0;
     auto records = RunControlled(
-        **twin,
-        [&](TraceRequest* r) {
-          if (i == trace.size()) return false;
-          *r = trace[i++];
-          return true;
-        },
-        [&] { return *allocator::MakeRecovery(allocator::MakeStatic(alpha)); },
+        **twin, Feed(trace), [&] { return *allocator::MakeRecovery(allocator::MakeStatic(alpha)); },
         {.window = options.node.local.node.window});
     EXPECT_TRUE(records.ok()) << records.status();
     for (size_t n = 0; n < (*twin)->num_nodes(); ++n) {

@@ -39,17 +39,6 @@ struct Curve {
   std::vector<int> answered;  // seeds with OK answers, by α
 };
 
-size_t Best(const Curve& c) {
-  size_t best = 0;
-  for (size_t i = 1; i < c.mean.size(); ++i) {
-    const Figures &a = c.mean[i], &b = c.mean[best];
-    if (a.reward > b.reward + 1e-9 || (a.reward > b.reward - 1e-9 && a.p99_ms < b.p99_ms)) {
-      best = i;
-    }
-  }
-  return best;
-}
-
 }  // namespace
 
 const char* InteriorOptimum(size_t best, size_t first_served, size_t last_served, size_t grid) {
@@ -155,7 +144,7 @@ absl::Status AlphaSweep(const EvalOptions& o, const Profile& p, Stamp& stamp) {
   for (size_t i = 0; i < curves.size(); ++i) absl::StrAppend(&md, "---|");
   absl::StrAppend(&md, "\n");
   std::vector<size_t> best;
-  for (const Curve& c : curves) best.push_back(Best(c));
+  for (const Curve& c : curves) best.push_back(BestByReward(c.mean));
   for (size_t a = 0; a < A; ++a) {
     absl::StrAppendFormat(&md, "| %.2f |", alphas[a]);
     for (size_t i = 0; i < curves.size(); ++i) {

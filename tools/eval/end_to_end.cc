@@ -24,19 +24,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr uint64_t kTrainSeed = 1;  // the deployable static α's training traces
-constexpr char kPolicy[] = "allocator_service/policies/ppo-local.mlp";
-
-// Index of the best figures by reward, ties by P99.
-size_t BestOf(const std::vector<Figures>& f) {
-  size_t best = 0;
-  for (size_t i = 1; i < f.size(); ++i) {
-    if (f[i].reward > f[best].reward + 1e-9 ||
-        (f[i].reward > f[best].reward - 1e-9 && f[i].p99_ms < f[best].p99_ms)) {
-      best = i;
-    }
-  }
-  return best;
-}
 
 // Mean and range over seeds of one system's P99 and SLO (and α for the static ones).
 struct Cell {
@@ -179,7 +166,7 @@ absl::Status EndToEnd(const EvalOptions& o, const Profile& p, Stamp& stamp) {
         train_mean[g].p99_ms += grid_runs[m][r][S][g].p99_ms / static_cast<double>(R);
       }
     }
-    const size_t deployable = BestOf(train_mean);
+    const size_t deployable = BestByReward(train_mean);
     absl::StrAppendFormat(&md,
                           "\n## HSTU %d layers (deployable static α %.2f)\n\n| regime | KV-Opt | "
                           "oracle static α | deployable static α | HLEM | HLEM vs oracle static "
@@ -190,7 +177,7 @@ absl::Status EndToEnd(const EvalOptions& o, const Profile& p, Stamp& stamp) {
       const double w = 1.0 / static_cast<double>(S);
       for (size_t k = 0; k < S; ++k) {
         const std::vector<Figures>& f = grid_runs[m][r][k];
-        const size_t oracle = BestOf(f);
+        const size_t oracle = BestByReward(f);
         row.kv_opt.Add(f[0], grid[0], w);
         row.oracle.Add(f[oracle], grid[oracle], w);
         row.deployable.Add(f[deployable], grid[deployable], w);

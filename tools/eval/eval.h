@@ -7,6 +7,7 @@
 // the number of jobs).
 
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <vector>
@@ -17,6 +18,9 @@
 #include "tools/sim_runner.h"
 
 namespace hlem::eval {
+
+// The committed PPO policy the SmartAllocator runs with (relative to the repository).
+inline constexpr char kPolicy[] = "allocator_service/policies/ppo-local.mlp";
 
 // Where and how an experiment runs in the twin.
 struct Profile {
@@ -43,7 +47,8 @@ struct EvalOptions {
   std::string work_dir = "out/eval";  // traces and per-run files (reused when present)
   std::vector<uint64_t> seeds = {101};
   uint32_t jobs = 2;
-  std::vector<int> layers = {3, 6};  // the model depths of experiment 1 (quick: the profile's)
+  std::vector<int> layers = {3, 6};      // the model depths of experiment 1 (quick: the profile's)
+  std::vector<std::string> controllers;  // experiment 4's (empty: every one of the registry)
   bool quick = false;
   std::string repo = ".";  // for the commit stamp (git); the configs' paths are relative to it
 };
@@ -73,6 +78,13 @@ struct TraceSpec {
 };
 absl::StatusOr<std::string> MakeTrace(const EvalOptions& options, const Profile& profile,
                                       const TraceSpec& spec);
+
+// Steady, Trend and Burst: the regimes of every experiment.
+const std::vector<sim::Regime>& Regimes();
+// The traces of each regime and seed (regime-major: traces[r · seeds + k]), made in parallel; the
+// cost model's device into the stamp.
+absl::StatusOr<std::vector<std::string>> RegimeTraces(const EvalOptions& options,
+                                                      const Profile& profile, Stamp& stamp);
 
 // The profile's node config with `layers` HSTU layers: the file itself when it has them (or
 // layers <= 0), else a copy under work_dir/configs with the model's layer count changed and its
@@ -110,8 +122,13 @@ struct Figures {
   static absl::StatusOr<Figures> Parse(const std::string& fields);
 };
 
+// Index of the best figures by reward, ties by P99 (the first of equal ones); 0 when empty.
+size_t BestByReward(const std::vector<Figures>& figures);
+
 // Runs the twin over the options' trace at α (tools::PrepareSim, tools::RunOnce).
 absl::StatusOr<Figures> RunFigures(const tools::SimSetupOptions& options, double alpha);
+// The figures of a finished run.
+Figures FiguresOf(const tools::SimSetup& setup, const tools::SimRunResult& run);
 
 // A key for a twin run of these options at α: every input that decides its figures (the trace
 // file's name holds its generator config's hash; the configs' and weights' contents are hashed).
@@ -149,6 +166,9 @@ absl::Status WriteBarChartResults(const EvalOptions& options, const std::string&
                                   const std::string& csv, const std::string& md,
                                   const std::string& table, size_t bars, const std::string& title,
                                   const std::string& ylabel);
+
+// Writes `body` to `path` through a temporary file and a rename (creating the folder).
+absl::Status WriteFileAtomically(const std::filesystem::path& path, const std::string& body);
 
 // Writes `body` to out_dir/name (creating the folder).
 absl::Status WriteOutput(const EvalOptions& options, const std::string& name,

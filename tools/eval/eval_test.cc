@@ -210,6 +210,112 @@ TEST_F(EvalTest, RoutingQuickComparesEveryPolicyPerRegime) {
   }
 }
 
+// Rows of an experiment's CSV: its fields, without the stamp and the header (`header` starts it).
+std::vector<std::vector<std::string>> Rows(const std::string& csv, absl::string_view header) {
+  std::vector<std::vector<std::string>> rows;
+  for (absl::string_view line : absl::StrSplit(csv, '\n', absl::SkipEmpty())) {
+    if (line.front() == '#' || absl::StartsWith(line, header)) continue;
+    rows.push_back(absl::StrSplit(line, ','));
+  }
+  return rows;
+}
+
+TEST_F(EvalTest, TrackingAndControllersMeasureTheGapToAlphaStar) {
+  EvalOptions o = QuickLocal();
+  o.controllers = {"hlem", "static", "kv_only", "pid"};  // the rest: `hlem eval controllers`
+  const bool gnuplot = std::system("gnuplot --version > /dev/null 2>&1") == 0;
+  for (const char* name : {"tracking", "controllers"}) {
+    const absl::Status st = RunExperiment(name, o);
+    if (gnuplot) {
+      ASSERT_TRUE(st.ok()) << name << ": " << st;
+      EXPECT_EQ(Read(dir_ / "results" / (std::string(name) + ".png")).substr(1, 3), "PNG");
+    } else {
+      EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+    }
+  }
+  // Tracking: a row per window after the warm-up; the gap lies between the distance of the
+  // nodes' mean α and of their farthest α to α*.
+  std::map<std::string, std::pair<double, int>> hlem_gap;  // by regime: sum, windows
+  for (const auto& f : Rows(Read(dir_ / "results" / "tracking.csv"), "regime,")) {
+    ASSERT_EQ(f.size(), 12u);
+    const double star = std::stod(f[3]), mean = std::stod(f[6]), lo = std::stod(f[7]),
+                 hi = std::stod(f[8]), gap = std::stod(f[9]);
+    EXPECT_GE(star, 0);
+    EXPECT_LE(star, 1);
+    EXPECT_GE(std::stod(f[2]), 5) << "a window of the warm-up";
+    EXPECT_GE(std::stod(f[4]), std::stod(f[5]) - 1e-9) << "α*'s reward is the best";
+    EXPECT_GE(gap, std::abs(mean - star) - 1e-9);
+    EXPECT_LE(gap, std::max(std::abs(lo - star), std::abs(hi - star)) + 1e-9);
+    hlem_gap[f[0]].first += gap;
+    hlem_gap[f[0]].second += 1;
+  }
+  ASSERT_EQ(hlem_gap.size(), 3u);
+  const std::string tracking = Read(dir_ / "results" / "tracking.md");
+  for (const char* regime : {"| steady |", "| trend |", "| burst |"}) {
+    EXPECT_THAT(tracking, HasSubstr(regime));
+  }
+  // Controllers: every controller made here × 3 regimes; HLEM's gap is the tracking page's (the
+  // twin is deterministic), the static α's is |0.5 − α*|, and each decided every window.
+  const std::string md = Read(dir_ / "results" / "controllers.md");
+  const auto rows = Rows(Read(dir_ / "results" / "controllers.csv"), "controller,");
+  std::map<std::string, int> regimes_of;
+  for (const auto& f : rows) {
+    ASSERT_EQ(f.size(), 22u);
+    ++regimes_of[f[0]];
+    const double gap = std::stod(f[16]);
+    EXPECT_GE(gap, 0);
+    EXPECT_LE(gap, 1);
+    EXPECT_GT(std::stod(f[19]), 0) << "decisions of " << f[0];
+    EXPECT_EQ(f[3], f[4]) << "every request answered OK: " << f[0] << " " << f[1];
+    if (f[0] == "hlem") {
+      const auto& [sum, n] = hlem_gap[f[1]];
+      EXPECT_NEAR(gap, sum / n, 1e-6) << f[1];
+    }
+  }
+  EXPECT_EQ(regimes_of.size(), o.controllers.size());
+  for (const std::string& name : o.controllers) {
+    EXPECT_EQ(regimes_of[name], 3) << name;
+    EXPECT_THAT(md, HasSubstr(absl::StrCat("| `", name, "` |")));
+  }
+  o.controllers = {"hlem", "nope"};
+  EXPECT_THAT(std::string(RunExperiment("controllers", o).message()),
+              HasSubstr("--controllers: no controller 'nope'"));
+}
+
+TEST_F(EvalTest, AblationsClimbBothLadders) {
+  const EvalOptions o = QuickLocal();
+  const absl::Status st = RunExperiment("ablations", o);
+  if (std::system("gnuplot --version > /dev/null 2>&1") == 0) {
+    ASSERT_TRUE(st.ok()) << st;
+    EXPECT_EQ(Read(dir_ / "results" / "ablations.png").substr(1, 3), "PNG");
+  } else {
+    EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  }
+  // Per regime: the 3 static αs behind KV-affinity routing, then the 6 controller rungs.
+  std::map<std::string, std::map<std::string, std::string>> p99;  // regime → system → P99
+  int statics = 0;
+  for (const auto& f : Rows(Read(dir_ / "results" / "ablations.csv"), "regime,")) {
+    ASSERT_EQ(f.size(), 19u);
+    EXPECT_EQ(f[6], f[7]) << "every request answered OK: " << f[0] << " " << f[2];
+    if (f[3] == "static") {
+      ++statics;
+      EXPECT_EQ(f[4], "kv_only");
+    } else {
+      p99[f[0]][f[2]] = f[10];
+    }
+  }
+  EXPECT_EQ(statics, 9);
+  ASSERT_EQ(p99.size(), 3u);
+  for (const auto& [regime, systems] : p99) {
+    EXPECT_EQ(systems.size(), 6u) << regime;
+    // The full SmartAllocator behind HLEM's router closes both ladders: the same run twice.
+    EXPECT_EQ(systems.at("+router (HLEM)"), systems.at("PPO+adapter+recovery (HLEM)")) << regime;
+  }
+  const std::string md = Read(dir_ / "results" / "ablations.md");
+  EXPECT_THAT(md, HasSubstr("## System: KV-EMB-Opt → +SmartAllocator → +router"));
+  EXPECT_THAT(md, HasSubstr("| PPO-only | `hlem` |"));
+}
+
 TEST_F(EvalTest, EndToEndQuickSetsEverySystemSideBySide) {
   EvalOptions o = QuickLocal();
   const absl::Status st = RunExperiment("e2e", o);

@@ -16,6 +16,12 @@ absl::Status AlphaSweep(const EvalOptions& options, const Profile& profile, Stam
 // Where the best α (index `best` of a grid of `grid` αs) lies: "yes" (interior) strictly inside
 // the αs that served requests (indices first_served..last_served), otherwise which end it is.
 const char* InteriorOptimum(size_t best, size_t first_served, size_t last_served, size_t grid);
+// Experiment 3: the SmartAllocator's α against α*_t over time per regime (controllers.cc).
+absl::Status Tracking(const EvalOptions& options, const Profile& profile, Stamp& stamp);
+// Experiment 4: every controller's gap to α*_t, P99, SLO and decision time (controllers.cc).
+absl::Status Controllers(const EvalOptions& options, const Profile& profile, Stamp& stamp);
+// Experiment 5: the system and controller ablation ladders (ablations.cc).
+absl::Status Ablations(const EvalOptions& options, const Profile& profile, Stamp& stamp);
 // Experiment 6: routing policies at one static α (routing.cc).
 absl::Status Routing(const EvalOptions& options, const Profile& profile, Stamp& stamp);
 

@@ -39,22 +39,8 @@ const std::vector<Policy>& Policies() {
 
 absl::Status Routing(const EvalOptions& o, const Profile& p, Stamp& stamp) {
   constexpr double kAlpha = 0.5;
-  const std::vector<sim::Regime> regimes = {sim::Regime::kSteady, sim::Regime::kTrend,
-                                            sim::Regime::kBurst};
-  std::vector<Task> trace_tasks;
-  for (sim::Regime regime : regimes) {
-    for (uint64_t seed : o.seeds) {
-      trace_tasks.push_back(
-          [&o, &p, regime, seed]() { return MakeTrace(o, p, {.regime = regime, .seed = seed}); });
-    }
-  }
-  ASSIGN_OR_RETURN(const std::vector<std::string> traces,
-                   RunParallel(trace_tasks, o.jobs, o.work_dir));
-  {
-    ASSIGN_OR_RETURN(const tools::SimSetup setup,
-                     tools::PrepareSim(SimOptions(o, p, traces.front(), kAlpha)));
-    stamp.device = setup.twin.costs.device;
-  }
+  const std::vector<sim::Regime>& regimes = Regimes();
+  ASSIGN_OR_RETURN(const std::vector<std::string> traces, RegimeTraces(o, p, stamp));
   const std::vector<Policy>& policies = Policies();
   std::vector<Task> runs;
   for (const std::string& trace : traces) {
