@@ -37,6 +37,10 @@ void RegisterEvalCommands(CLI::App& app, Run* run) {
   cmd->add_option("--controllers", options->controllers,
                   "controllers of the controllers experiment (all of the registry)")
       ->delimiter(',');
+  cmd->add_option("--sizes", options->sizes,
+                  "serving-node counts of the scale experiment (paper: 16,32,64,128,256)")
+      ->delimiter(',')
+      ->check(CLI::Range(1u, 4096u));
   cmd->add_option("--jobs", options->jobs, "twin runs at a time (processes)")
       ->check(CLI::Range(1u, 256u));
   cmd->add_flag("--quick", options->quick, "short traces and coarse grids (a smoke run)");

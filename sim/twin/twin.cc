@@ -1,6 +1,7 @@
 #include "sim/twin/twin.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -161,9 +162,13 @@ absl::Duration Twin::Hop(const Request& r) const {
 
 void Twin::Dispatch(std::shared_ptr<Request> r, int attempt) {
   const TraceRequest& t = r->trace;
+  const auto route_start = std::chrono::steady_clock::now();
   const router::RouteResult route =
       attempt == 0 ? router_->Route(t.user, t.new_events, /*delta=*/t.prior_events > 0, r->tried)
                    : router_->Route(t.user, {}, true, r->tried);
+  stats_.route_calls += 1;
+  stats_.route_wall_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - route_start).count();
   const int n = route.decision.node;
   if (n < 0) {
     if (attempt == 0 || route.decision.reason == router::Reason::kShed) {
@@ -322,7 +327,9 @@ absl::Status Twin::Finish() {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start_).count(),
       .log_hash = hash_,
       .node_cpu = busy - background_,
-      .background = background_};
+      .background = background_,
+      .route_calls = stats_.route_calls,
+      .route_wall_seconds = stats_.route_wall_seconds};
   if (!trace_error_.ok()) return trace_error_;
   if (answered_ != read_) {
     return absl::InternalError(

@@ -76,6 +76,10 @@ struct TwinStats {
   uint64_t log_hash = 0;      // of every outcome in completion order and the nodes' final counters
   absl::Duration node_cpu;    // unit-time the nodes' modelled work took on the compute units
   absl::Duration background;  // background_cpu submitted (CostModel)
+  // The router's Route calls and their wall time on this machine (the real router code; the
+  // simulated routing cost is CostModel::router_overhead): how routing scales with the nodes.
+  uint64_t route_calls = 0;
+  double route_wall_seconds = 0;
 };
 
 class Twin {

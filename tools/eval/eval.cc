@@ -177,11 +177,16 @@ absl::StatusOr<std::string> MakeTrace(const EvalOptions& options, const Profile&
   c.seed = spec.seed;
   c.rate = profile.rate_per_node * profile.nodes;
   if (spec.history_scale > 0) c.history_scale = spec.history_scale;
+  if (spec.users_scale != 1) {
+    c.users = static_cast<uint64_t>(std::llround(static_cast<double>(c.users) * spec.users_scale));
+    c.hot_users =
+        static_cast<uint64_t>(std::llround(static_cast<double>(c.hot_users) * spec.users_scale));
+  }
   // One phase of the regime (ARCHITECTURE §8): steady at 0.2, trend 0.2 → 0.5, bursts to 0.5 of
   // 3–5 windows, one a minute on average so that a 3-minute trace holds some.
   c.phases = {sim::Phase{.regime = spec.regime,
                          .duration = absl::Seconds(profile.duration_s),
-                         .hot_ratio = 0.2,
+                         .hot_ratio = spec.hot_ratio,
                          .hot_ratio_end = 0.5,
                          .burst_ratio = 0.5,
                          .bursts_per_hour = 60,
@@ -521,6 +526,10 @@ const std::vector<Experiment>& Experiments() {
        .summary = "KV-only, EMB-only, joint (calibrated, configured), least-loaded and "
                   "round-robin routing at one static α (experiment 6)",
        .run = Routing},
+      {.name = "scale",
+       .summary = "weak scaling of throughput with the nodes (--sizes) and the α chosen against "
+                  "hot-user ratio × cluster size (experiment 7)",
+       .run = Scale},
   };
   return *experiments;
 }

@@ -49,6 +49,7 @@ struct EvalOptions {
   uint32_t jobs = 2;
   std::vector<int> layers = {3, 6};      // the model depths of experiment 1 (quick: the profile's)
   std::vector<std::string> controllers;  // experiment 4's (empty: every one of the registry)
+  std::vector<uint32_t> sizes;           // experiment 7's node counts (empty: the profile's)
   bool quick = false;
   std::string repo = ".";  // for the commit stamp (git); the configs' paths are relative to it
 };
@@ -75,6 +76,8 @@ struct TraceSpec {
   sim::Regime regime = sim::Regime::kSteady;
   uint64_t seed = 101;
   double history_scale = 0;  // 0: the profile's
+  double hot_ratio = 0.2;    // steady's, and where trend starts
+  double users_scale = 1;    // users and hot users × this (weak scaling: with the nodes)
 };
 absl::StatusOr<std::string> MakeTrace(const EvalOptions& options, const Profile& profile,
                                       const TraceSpec& spec);

@@ -45,6 +45,16 @@ class EvalTest : public ::testing::Test {
             .quick = true,
             .repo = HLEM_SOURCE_DIR};
   }
+  // Runs the experiment; its plot is a PNG where gnuplot is installed, else the run says so.
+  void RunAndPlot(const std::string& name, const EvalOptions& o) const {
+    const absl::Status st = RunExperiment(name, o);
+    if (std::system("gnuplot --version > /dev/null 2>&1") == 0) {
+      ASSERT_TRUE(st.ok()) << name << ": " << st;
+      EXPECT_EQ(Read(dir_ / "results" / (name + ".png")).substr(1, 3), "PNG");
+    } else {
+      EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+    }
+  }
   fs::path dir_;
 };
 
@@ -179,13 +189,7 @@ TEST_F(EvalTest, AlphaSweepQuickWritesItsCsvTableAndPlot) {
 
 TEST_F(EvalTest, RoutingQuickComparesEveryPolicyPerRegime) {
   const EvalOptions o = QuickLocal();
-  const absl::Status st = RunExperiment("routing", o);
-  if (std::system("gnuplot --version > /dev/null 2>&1") == 0) {
-    ASSERT_TRUE(st.ok()) << st;
-    EXPECT_EQ(Read(dir_ / "results" / "routing.png").substr(1, 3), "PNG");
-  } else {
-    EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
-  }
+  ASSERT_NO_FATAL_FAILURE(RunAndPlot("routing", o));
   // 3 regimes × 6 policies, each with its 16 fields; every request answered.
   const std::string csv = Read(dir_ / "results" / "routing.csv");
   int rows = 0;
@@ -223,15 +227,8 @@ std::vector<std::vector<std::string>> Rows(const std::string& csv, absl::string_
 TEST_F(EvalTest, TrackingAndControllersMeasureTheGapToAlphaStar) {
   EvalOptions o = QuickLocal();
   o.controllers = {"hlem", "static", "kv_only", "pid"};  // the rest: `hlem eval controllers`
-  const bool gnuplot = std::system("gnuplot --version > /dev/null 2>&1") == 0;
   for (const char* name : {"tracking", "controllers"}) {
-    const absl::Status st = RunExperiment(name, o);
-    if (gnuplot) {
-      ASSERT_TRUE(st.ok()) << name << ": " << st;
-      EXPECT_EQ(Read(dir_ / "results" / (std::string(name) + ".png")).substr(1, 3), "PNG");
-    } else {
-      EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
-    }
+    ASSERT_NO_FATAL_FAILURE(RunAndPlot(name, o));
   }
   // Tracking: a row per window after the warm-up; the gap lies between the distance of the
   // nodes' mean α and of their farthest α to α*.
@@ -284,13 +281,7 @@ TEST_F(EvalTest, TrackingAndControllersMeasureTheGapToAlphaStar) {
 
 TEST_F(EvalTest, AblationsClimbBothLadders) {
   const EvalOptions o = QuickLocal();
-  const absl::Status st = RunExperiment("ablations", o);
-  if (std::system("gnuplot --version > /dev/null 2>&1") == 0) {
-    ASSERT_TRUE(st.ok()) << st;
-    EXPECT_EQ(Read(dir_ / "results" / "ablations.png").substr(1, 3), "PNG");
-  } else {
-    EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
-  }
+  ASSERT_NO_FATAL_FAILURE(RunAndPlot("ablations", o));
   // Per regime: the 3 static αs behind KV-affinity routing, then the 6 controller rungs.
   std::map<std::string, std::map<std::string, std::string>> p99;  // regime → system → P99
   int statics = 0;
@@ -316,15 +307,38 @@ TEST_F(EvalTest, AblationsClimbBothLadders) {
   EXPECT_THAT(md, HasSubstr("| PPO-only | `hlem` |"));
 }
 
+TEST_F(EvalTest, ScaleGrowsTheLoadWithTheNodes) {
+  const EvalOptions o = QuickLocal();
+  ASSERT_NO_FATAL_FAILURE(RunAndPlot("scale", o));
+  // Quick: 2 and 4 nodes × hot ratios 0.2 and 0.5.
+  std::map<std::string, double> offered, requests;  // by nodes, at ratio 0.2
+  int rows = 0;
+  for (const auto& f : Rows(Read(dir_ / "results" / "scale.csv"), "nodes,")) {
+    ASSERT_EQ(f.size(), 22u);
+    ++rows;
+    EXPECT_EQ(f[3], f[4]) << "every request answered OK";
+    const double efficiency = std::stod(f[18]), alpha = std::stod(f[19]);
+    EXPECT_GT(efficiency, 0.8) << f[0];
+    EXPECT_LT(efficiency, 1.2) << f[0];
+    EXPECT_GE(alpha, 0);
+    EXPECT_LE(alpha, 1);
+    EXPECT_GT(std::stod(f[20]), 0) << "the router's wall time per call";
+    if (f[1] == "0.20") {
+      offered[f[0]] = std::stod(f[16]);
+      requests[f[0]] = std::stod(f[3]);
+    }
+  }
+  EXPECT_EQ(rows, 4);
+  EXPECT_DOUBLE_EQ(offered["4"], 2 * offered["2"]);
+  EXPECT_GT(requests["4"], 1.5 * requests["2"]);  // twice the nodes, twice the requests
+  const std::string md = Read(dir_ / "results" / "scale.md");
+  EXPECT_THAT(md, HasSubstr("## Weak scaling"));
+  EXPECT_THAT(md, HasSubstr("| 0.5 |"));
+}
+
 TEST_F(EvalTest, EndToEndQuickSetsEverySystemSideBySide) {
   EvalOptions o = QuickLocal();
-  const absl::Status st = RunExperiment("e2e", o);
-  if (std::system("gnuplot --version > /dev/null 2>&1") == 0) {
-    ASSERT_TRUE(st.ok()) << st;
-    EXPECT_EQ(Read(dir_ / "results" / "e2e.png").substr(1, 3), "PNG");
-  } else {
-    EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
-  }
+  ASSERT_NO_FATAL_FAILURE(RunAndPlot("e2e", o));
   // 3 regimes × (test + training trace) × 3 grid αs, + HLEM on the 3 test traces.
   const std::string csv = Read(dir_ / "results" / "e2e.csv");
   int statics = 0, hlem = 0;

@@ -24,5 +24,7 @@ absl::Status Controllers(const EvalOptions& options, const Profile& profile, Sta
 absl::Status Ablations(const EvalOptions& options, const Profile& profile, Stamp& stamp);
 // Experiment 6: routing policies at one static α (routing.cc).
 absl::Status Routing(const EvalOptions& options, const Profile& profile, Stamp& stamp);
+// Experiment 7: weak scaling, and the α chosen against hot-user ratio × cluster size (scale.cc).
+absl::Status Scale(const EvalOptions& options, const Profile& profile, Stamp& stamp);
 
 }  // namespace hlem::eval
