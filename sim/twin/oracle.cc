@@ -226,6 +226,10 @@ absl::StatusOr<Tracked> TrackControlled(
   for (int64_t k = 1; !twin.done(); ++k) {
     const absl::Duration from = control.window * k + control.delay, to = from + control.window;
     twin.RunUntil(from);
+    if (k % std::max<uint32_t>(oracle.search_every, 1) != 0) {
+      if (absl::Status st = loop->Decide(&out.decisions); !st.ok()) return st;
+      continue;
+    }
     double current = 0;  // the nodes' mean α_{t−1}
     for (double a : loop->alphas()) current += a / static_cast<double>(loop->alphas().size());
     absl::StatusOr<WindowOracle> star =

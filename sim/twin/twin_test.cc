@@ -1,6 +1,7 @@
 #include "sim/twin/twin.h"
 #include "sim/twin/train.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -256,6 +257,26 @@ TEST(OracleTest, TrackingSearchesFromTheControllersStateAndMeasuresTheirGap) {
       EXPECT_DOUBLE_EQ(r, w.reward) << "window " << w.window;
     }
     EXPECT_EQ(seen, 1u) << "window " << w.window;
+  }
+  // Searching every 2nd window: the same decisions, α* only at the even windows.
+  {
+    auto sparse = Twin::Create(testing::TinyTwin(workload), workload);
+    ASSERT_TRUE(sparse.ok());
+    OracleOptions every2 = o;
+    every2.search_every = 2;
+    auto t2 = TrackControlled(
+        **sparse, Feed(trace), [] { return std::make_unique<Alternating>(); }, control, every2);
+    ASSERT_TRUE(t2.ok()) << t2.status();
+    EXPECT_EQ(t2->decisions.size(), tracked->decisions.size());
+    ASSERT_FALSE(t2->windows.empty());
+    for (const TrackedWindow& w : t2->windows) {
+      EXPECT_EQ(w.window % 2, 0u);
+      const auto same = std::find_if(tracked->windows.begin(), tracked->windows.end(),
+                                     [&](const TrackedWindow& v) { return v.window == w.window; });
+      ASSERT_NE(same, tracked->windows.end());
+      EXPECT_EQ(same->alpha_star, w.alpha_star);  // the twin is deterministic
+      EXPECT_EQ(same->reward, w.reward);
+    }
   }
   // Invalid oracle options are refused before anything runs.
   auto again = Twin::Create(testing::TinyTwin(workload), workload);

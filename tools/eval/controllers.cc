@@ -31,9 +31,10 @@ constexpr double kStartAlpha = 0.5;  // where every controller starts (and the s
 
 // The α*_t search of ARCHITECTURE §8 (0.1, then 0.02, then 0.01 around the best); a quick run
 // searches 0.25 then 0.125.
-sim::OracleOptions Search(bool quick) {
+sim::OracleOptions Search(const Profile& p, bool quick) {
   sim::OracleOptions o;
   o.parallel = 1;  // the runs themselves are spread over --jobs
+  o.search_every = p.search_every;
   if (quick) {
     o.coarse_step = 0.25;
     o.fine_step = o.finest_step = 0.125;
@@ -109,10 +110,11 @@ Task TrackedTask(const EvalOptions& o, const Stamp& stamp, const Profile& p,
   if (controller.rfind("ppo", 0) == 0 || controller == "hlem") {
     run.controller.weights = (fs::path(o.repo) / kPolicy).string();
   }
-  const sim::OracleOptions search = Search(o.quick);
-  const std::string key = absl::StrCat(
-      RunKey(run, kStartAlpha), absl::StrFormat(" tracked=%.3f:%.3f:%.3f", search.coarse_step,
-                                                search.fine_step, search.finest_step));
+  const sim::OracleOptions search = Search(p, o.quick);
+  const std::string key =
+      absl::StrCat(RunKey(run, kStartAlpha),
+                   absl::StrFormat(" tracked=%.3f:%.3f:%.3f every=%d", search.coarse_step,
+                                   search.fine_step, search.finest_step, search.search_every));
   return CachedRun(o, stamp, key, [run, search]() -> absl::StatusOr<std::string> {
     ASSIGN_OR_RETURN(tools::SimSetup setup, tools::PrepareSim(run));
     sim::OracleOptions track = search;
@@ -175,18 +177,21 @@ absl::StatusOr<std::vector<std::vector<std::vector<TrackedRun>>>> RunTracked(
   return result;
 }
 
-std::string SearchLine(bool quick) {
-  const sim::OracleOptions s = Search(quick);
+std::string SearchLine(const Profile& p, bool quick) {
+  const sim::OracleOptions s = Search(p, quick);
   return absl::StrFormat(
       "α\\*_t: the best cluster-wide α for window t, searched at the start of t from the "
       "controller's own state (its α_{t−1}, the caches it left, the refill a move starts) in "
       "forked copies of the twin that see the same requests: a grid of %.2f, then %.3f and %.3f "
       "around the best (the whole %.3f grid where the coarse curve is not unimodal); the reward "
       "of ARCHITECTURE §3 over the window's requests. *Gap*: the mean over nodes and windows "
-      "(after the warm-up) of |α_n,t − α\\*_t|. *Regret*: the mean over windows of the reward "
+      "(after the warm-up%s) of |α_n,t − α\\*_t|. *Regret*: the mean over windows of the reward "
       "at α\\*_t minus the controller's (against the greedy per-window α\\*, not the "
       "dynamic-programming trajectory of ARCHITECTURE §8, which is not computed).",
-      s.coarse_step, s.fine_step, s.finest_step, s.fine_step);
+      s.coarse_step, s.fine_step, s.finest_step, s.fine_step,
+      s.search_every > 1
+          ? absl::StrFormat("; every %d-th window is searched, to bound the cost", s.search_every)
+          : "");
 }
 
 // Mean and range over seeds.
@@ -216,7 +221,7 @@ absl::Status Tracking(const EvalOptions& o, const Profile& p, Stamp& stamp) {
       "# Tracking α\\* (experiment 3)\n\n", stamp.Markdown(),
       absl::StrFormat("\nThe SmartAllocator (`hlem`: `%s` + adapter + recovery, from α %.1f) on "
                       "every node, behind the KV–EMB-aware router. %s\n\n",
-                      kPolicy, kStartAlpha, SearchLine(o.quick)),
+                      kPolicy, kStartAlpha, SearchLine(p, o.quick)),
       "| regime | windows | gap | regret | α\\* mean (min–max) | α mean | unimodal | P99 ms | SLO "
       "|\n|---|---|---|---|---|---|---|---|---|\n");
   // The plot: α* and the mean α per window, first seed, a block per regime.
@@ -320,7 +325,7 @@ absl::Status Controllers(const EvalOptions& o, const Profile& p, Stamp& stamp) {
       absl::StrFormat("\nEvery controller of `allocator_service/core/registry.h` on every node, "
                       "from α %.1f (`static` stays there; `recovery` guards it), behind the "
                       "KV–EMB-aware router; the PPO-based ones with `%s`. %s\n\n",
-                      kStartAlpha, kPolicy, SearchLine(o.quick)));
+                      kStartAlpha, kPolicy, SearchLine(p, o.quick)));
   std::string header = "| controller |", rule = "|---|";
   for (sim::Regime regime : Regimes()) {
     absl::StrAppend(&header, " ", sim::RegimeName(regime), ": gap / P99 ms / SLO |");

@@ -114,6 +114,7 @@ absl::StatusOr<Profile> FindProfile(const std::string& name, bool quick) {
          .rate_per_node = 40,
          .duration_s = 180,
          .warmup_s = 30,
+         .search_every = 3,
          .note =
              "simulated: 8 of the paper's 256 A100-80GB serving nodes at 40 requests/s each; "
              "the device's costs are published figures, not measurements"};

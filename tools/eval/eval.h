@@ -33,6 +33,7 @@ struct Profile {
   double rate_per_node = 10;  // requests/s per node
   double duration_s = 180;    // per trace (one regime)
   double warmup_s = 30;       // left out of the figures
+  uint32_t search_every = 1;  // tracked runs search α* every this many windows (its cost)
   std::string note;           // one line on what the profile stands for, printed with results
 };
 
