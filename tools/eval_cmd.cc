@@ -41,6 +41,9 @@ void RegisterEvalCommands(CLI::App& app, Run* run) {
                   "serving-node counts of the scale experiment (paper: 16,32,64,128,256)")
       ->delimiter(',')
       ->check(CLI::Range(1u, 4096u));
+  cmd->add_option("--coefficients", options->coefficients,
+                  "cost coefficients of the sensitivity experiment (all)")
+      ->delimiter(',');
   cmd->add_option("--jobs", options->jobs, "twin runs at a time (processes)")
       ->check(CLI::Range(1u, 256u));
   cmd->add_flag("--quick", options->quick, "short traces and coarse grids (a smoke run)");

@@ -211,22 +211,14 @@ absl::StatusOr<std::string> MakeTrace(const EvalOptions& options, const Profile&
   return path.string();
 }
 
-absl::StatusOr<ModelConfig> NodeConfigWithLayers(const EvalOptions& o, const Profile& p,
-                                                 int layers) {
+absl::StatusOr<std::string> NodeConfigVariant(
+    const EvalOptions& o, const Profile& p, const std::string& suffix,
+    const std::function<absl::Status(std::string*)>& edit) {
   const fs::path original = fs::path(o.repo) / p.node_config;
-  std::ifstream in(original);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", original.string()));
-  std::string yaml((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const std::regex layers_line(R"((\n\s+layers:\s*)(\d+))");
-  std::smatch m;
-  if (!std::regex_search(yaml, m, layers_line)) {
-    return absl::InvalidArgumentError(absl::StrCat(original.string(), ": no model layers line"));
+  ASSIGN_OR_RETURN(std::string yaml, ReadFile(original.string()));
+  if (absl::Status st = edit(&yaml); !st.ok()) {
+    return absl::Status(st.code(), absl::StrCat(original.string(), ": ", st.message()));
   }
-  const int own = std::stoi(m[2].str());
-  if (layers <= 0 || own == layers) return ModelConfig{original.string(), own};
-  // (Spliced by position: a "$1" + digits replacement would read as another group.)
-  yaml.replace(static_cast<size_t>(m.position(2)), static_cast<size_t>(m.length(2)),
-               std::to_string(layers));
   std::smatch shards;
   if (std::regex_search(yaml, shards, std::regex(R"(\n\s+config:\s*([^\s#]+))")) &&
       fs::path(shards[1].str()).is_relative()) {
@@ -234,11 +226,33 @@ absl::StatusOr<ModelConfig> NodeConfigWithLayers(const EvalOptions& o, const Pro
                  (fs::absolute(original.parent_path()) / shards[1].str()).string());
   }
   const fs::path path =
-      fs::path(o.work_dir) / "configs" / absl::StrCat(p.name, "-node-", layers, "-layers.yaml");
-  std::error_code ec;
-  fs::create_directories(path.parent_path(), ec);
-  std::ofstream(path) << yaml;
-  return ModelConfig{path.string(), layers};
+      fs::path(o.work_dir) / "configs" / absl::StrCat(p.name, "-node-", suffix, ".yaml");
+  RETURN_IF_ERROR(WriteFileAtomically(path, yaml));
+  return path.string();
+}
+
+absl::StatusOr<ModelConfig> NodeConfigWithLayers(const EvalOptions& o, const Profile& p,
+                                                 int layers) {
+  const fs::path original = fs::path(o.repo) / p.node_config;
+  ASSIGN_OR_RETURN(const std::string yaml, ReadFile(original.string()));
+  const std::regex layers_line(R"((\n\s+layers:\s*)(\d+))");
+  std::smatch m;
+  if (!std::regex_search(yaml, m, layers_line)) {
+    return absl::InvalidArgumentError(absl::StrCat(original.string(), ": no model layers line"));
+  }
+  const int own = std::stoi(m[2].str());
+  if (layers <= 0 || own == layers) return ModelConfig{original.string(), own};
+  ASSIGN_OR_RETURN(const std::string path,
+                   NodeConfigVariant(o, p, absl::StrCat(layers, "-layers"), [&](std::string* text) {
+                     std::smatch at;
+                     std::regex_search(*text, at, layers_line);
+                     // (Spliced by position: a "$1" + digits replacement would read as another
+                     // group.)
+                     text->replace(static_cast<size_t>(at.position(2)),
+                                   static_cast<size_t>(at.length(2)), std::to_string(layers));
+                     return absl::OkStatus();
+                   }));
+  return ModelConfig{path, layers};
 }
 
 tools::SimSetupOptions SimOptions(const EvalOptions& options, const Profile& profile,
@@ -531,6 +545,10 @@ const std::vector<Experiment>& Experiments() {
        .summary = "weak scaling of throughput with the nodes (--sizes) and the α chosen against "
                   "hot-user ratio × cluster size (experiment 7)",
        .run = Scale},
+      {.name = "sensitivity",
+       .summary = "HLEM against the oracle static α with each cost coefficient at ×0.5 and ×2 "
+                  "(--coefficients)",
+       .run = Sensitivity},
   };
   return *experiments;
 }
@@ -538,7 +556,7 @@ const std::vector<Experiment>& Experiments() {
 absl::Status WriteBarChartResults(const EvalOptions& options, const std::string& name,
                                   const std::string& csv, const std::string& md,
                                   const std::string& table, size_t bars, const std::string& title,
-                                  const std::string& ylabel) {
+                                  const std::string& ylabel, bool from_zero) {
   const fs::path data = fs::path(options.work_dir) / "plots" / absl::StrCat(name, ".dat");
   RETURN_IF_ERROR(WriteFileAtomically(data, table));
   RETURN_IF_ERROR(WriteOutput(options, absl::StrCat(name, ".csv"), csv));
@@ -546,8 +564,9 @@ absl::Status WriteBarChartResults(const EvalOptions& options, const std::string&
   const std::string script = absl::StrFormat(
       "set title '%s'\nset ylabel '%s'\nset style data histograms\nset style histogram "
       "clustered gap 1\nset style fill solid 0.8 border -1\nset grid ytics\nset key outside "
-      "right\nset yrange [0:*]\nplot for [i=2:%d] '%s' using i:xtic(1) title columnheader(i)\n",
-      title, ylabel, bars + 1, data.string());
+      "right\n%s\nplot for [i=2:%d] '%s' using i:xtic(1) title columnheader(i)\n",
+      title, ylabel, from_zero ? "set yrange [0:*]" : "set xtics rotate by -30", bars + 1,
+      data.string());
   return Plot(script, (fs::path(options.out_dir) / absl::StrCat(name, ".png")).string(),
               options.work_dir);
 }

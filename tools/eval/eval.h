@@ -48,9 +48,10 @@ struct EvalOptions {
   std::string work_dir = "out/eval";  // traces and per-run files (reused when present)
   std::vector<uint64_t> seeds = {101};
   uint32_t jobs = 2;
-  std::vector<int> layers = {3, 6};      // the model depths of experiment 1 (quick: the profile's)
-  std::vector<std::string> controllers;  // experiment 4's (empty: every one of the registry)
-  std::vector<uint32_t> sizes;           // experiment 7's node counts (empty: the profile's)
+  std::vector<int> layers = {3, 6};       // the model depths of experiment 1 (quick: the profile's)
+  std::vector<std::string> controllers;   // experiment 4's (empty: every one of the registry)
+  std::vector<uint32_t> sizes;            // experiment 7's node counts (empty: the profile's)
+  std::vector<std::string> coefficients;  // sensitivity's cost coefficients (empty: every one)
   bool quick = false;
   std::string repo = ".";  // for the commit stamp (git); the configs' paths are relative to it
 };
@@ -99,6 +100,13 @@ struct ModelConfig {
 };
 absl::StatusOr<ModelConfig> NodeConfigWithLayers(const EvalOptions& options, const Profile& profile,
                                                  int layers);
+
+// A copy of the profile's node config under work_dir/configs (<profile>-node-<suffix>.yaml),
+// changed by `edit` (errors are prefixed with the file's name), its shard file's path made
+// absolute.
+absl::StatusOr<std::string> NodeConfigVariant(
+    const EvalOptions& options, const Profile& profile, const std::string& suffix,
+    const std::function<absl::Status(std::string*)>& edit);
 
 // The options of one twin run of the profile over `trace` at a static α.
 tools::SimSetupOptions SimOptions(const EvalOptions& options, const Profile& profile,
@@ -165,11 +173,12 @@ absl::Status Plot(const std::string& script, const std::string& png, const std::
 
 // Writes out_dir/<name>.csv and <name>.md, then <name>.png: a clustered bar chart of `table`
 // (gnuplot data: a header row of the bars' titles after one for the label column, then a row per
-// cluster: its label and a value per bar), saved under work_dir/plots.
+// cluster: its label and a value per bar), saved under work_dir/plots; the y axis starts at 0
+// unless !from_zero (values of either sign).
 absl::Status WriteBarChartResults(const EvalOptions& options, const std::string& name,
                                   const std::string& csv, const std::string& md,
                                   const std::string& table, size_t bars, const std::string& title,
-                                  const std::string& ylabel);
+                                  const std::string& ylabel, bool from_zero = true);
 
 // Writes `body` to `path` through a temporary file and a rename (creating the folder).
 absl::Status WriteFileAtomically(const std::filesystem::path& path, const std::string& body);

@@ -336,6 +336,34 @@ TEST_F(EvalTest, ScaleGrowsTheLoadWithTheNodes) {
   EXPECT_THAT(md, HasSubstr("| 0.5 |"));
 }
 
+TEST_F(EvalTest, SensitivityScalesOneCoefficientAtATime) {
+  EvalOptions o = QuickLocal();
+  o.coefficients = {"fetch_per_row", "link_bytes_per_second"};
+  ASSERT_NO_FATAL_FAILURE(RunAndPlot("sensitivity", o));
+  // 5 cost models (the profile's, 2 coefficients × 2 factors) × 3 regimes × (3 αs + HLEM).
+  std::map<std::string, int> runs;              // by cost model
+  std::map<std::string, std::string> p99_at_0;  // steady, α 0, by cost model
+  for (const auto& f : Rows(Read(dir_ / "results" / "sensitivity.csv"), "costs,")) {
+    ASSERT_EQ(f.size(), 18u);
+    ++runs[f[0]];
+    EXPECT_EQ(f[5], f[6]) << "every request answered OK";
+    if (f[1] == "steady" && f[3] == "static" && f[4] == "0.00") p99_at_0[f[0]] = f[9];
+  }
+  ASSERT_EQ(runs.size(), 5u);
+  for (const auto& [costs, n] : runs) EXPECT_EQ(n, 12) << costs;
+  // α 0 keeps no EMB cache: every row is fetched, so the fetch cost shows in its P99; so does
+  // the link (every fetched row is copied).
+  EXPECT_NE(p99_at_0["fetch_per_row ×2"], p99_at_0["as in the profile"]);
+  EXPECT_NE(p99_at_0["link_bytes_per_second ×0.5"], p99_at_0["as in the profile"]);
+  const std::string md = Read(dir_ / "results" / "sensitivity.md");
+  for (const char* regime : {"- steady:", "- trend:", "- burst:"}) {
+    EXPECT_THAT(md, HasSubstr(regime));
+  }
+  o.coefficients = {"nope"};
+  EXPECT_THAT(std::string(RunExperiment("sensitivity", o).message()),
+              HasSubstr("--coefficients: no coefficient 'nope'"));
+}
+
 TEST_F(EvalTest, EndToEndQuickSetsEverySystemSideBySide) {
   EvalOptions o = QuickLocal();
   ASSERT_NO_FATAL_FAILURE(RunAndPlot("e2e", o));

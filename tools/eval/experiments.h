@@ -26,5 +26,7 @@ absl::Status Ablations(const EvalOptions& options, const Profile& profile, Stamp
 absl::Status Routing(const EvalOptions& options, const Profile& profile, Stamp& stamp);
 // Experiment 7: weak scaling, and the α chosen against hot-user ratio × cluster size (scale.cc).
 absl::Status Scale(const EvalOptions& options, const Profile& profile, Stamp& stamp);
+// The headline comparison with each cost coefficient at ×0.5 and ×2 (sensitivity.cc).
+absl::Status Sensitivity(const EvalOptions& options, const Profile& profile, Stamp& stamp);
 
 }  // namespace hlem::eval
