@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 #include <CLI/CLI.hpp>
+#include <optional>
 
 #include <cstdio>
 #include <memory>
@@ -20,6 +21,7 @@
 #include "allocator_service/core/registry.h"
 #include "allocator_service/service/allocator_service.h"
 #include "allocator_service/service/grpc_nodes.h"
+#include "common/cli.h"
 #include "common/clock.h"
 #include "common/grpc_health_probe.h"
 #include "common/grpc_server.h"
@@ -85,7 +87,7 @@ int main(int argc, char** argv) {
   app.add_option("--ports-file", ports_file,
                  "write 'grpc=<port>' and 'metrics=<port>' here once serving");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
-  CLI11_PARSE(app, argc, argv);
+  if (const std::optional<int> rc = hlem::ParseCommandLine(app, argc, argv)) return *rc;
 
   hlem::InstallShutdownSignals();
   if (auto s = hlem::InitLogging({.level = log_level}); !s.ok()) return Fail(s);

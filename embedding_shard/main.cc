@@ -4,8 +4,10 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <memory>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "common/cli.h"
 #include "common/clock.h"
 #include "common/grpc_server.h"
 #include "common/logging.h"
@@ -39,7 +41,7 @@ int main(int argc, char** argv) {
   app.add_option("--ports-file", ports_file,
                  "write 'grpc=<port>' and 'metrics=<port>' here once serving");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
-  CLI11_PARSE(app, argc, argv);
+  if (const std::optional<int> rc = hlem::ParseCommandLine(app, argc, argv)) return *rc;
 
   hlem::InstallShutdownSignals();
   if (auto s = hlem::InitLogging({.level = log_level}); !s.ok()) return Fail(s);

@@ -7,11 +7,13 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/cli.h"
 #include "common/clock.h"
 #include "common/grpc_health_probe.h"
 #include "common/grpc_server.h"
@@ -105,7 +107,7 @@ int main(int argc, char** argv) {
   app.add_option("--drain-timeout", drain_seconds,
                  "seconds SIGTERM waits for Recommend calls in flight")
       ->check(CLI::Range(0.0, 3600.0));
-  CLI11_PARSE(app, argc, argv);
+  if (const std::optional<int> rc = hlem::ParseCommandLine(app, argc, argv)) return *rc;
 
   hlem::InstallShutdownSignals();
   if (auto s = hlem::InitLogging({.level = log_level}); !s.ok()) return Fail(s);

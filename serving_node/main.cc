@@ -6,12 +6,14 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/cli.h"
 #include "common/clock.h"
 #include "common/grpc_server.h"
 #include "common/logging.h"
@@ -68,7 +70,7 @@ int main(int argc, char** argv) {
   app.add_option("--shard-servers", shard_servers,
                  "gRPC address per shard index (overrides shards.servers)")
       ->delimiter(',');
-  CLI11_PARSE(app, argc, argv);
+  if (const std::optional<int> rc = hlem::ParseCommandLine(app, argc, argv)) return *rc;
 
   hlem::InstallShutdownSignals();
   if (auto s = hlem::InitLogging({.level = log_level}); !s.ok()) return Fail(s);

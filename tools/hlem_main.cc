@@ -2,8 +2,10 @@
 // traces, load generator, local cluster; later sim, eval). Exit codes: 0 success, 1 the operation
 // failed, 2 bad usage or input.
 #include <cstdio>
+#include <optional>
 #include <string>
 
+#include "common/cli.h"
 #include "common/logging.h"
 #include "tools/commands.h"
 
@@ -33,7 +35,7 @@ int main(int argc, char** argv) {
   hlem::tools::RegisterSimCommands(app, &run);
   hlem::tools::RegisterTrainCommands(app, &run);
   hlem::tools::RegisterEvalCommands(app, &run);
-  CLI11_PARSE(app, argc, argv);
+  if (const std::optional<int> rc = hlem::ParseCommandLine(app, argc, argv)) return *rc;
   if (auto s = hlem::InitLogging({.level = "warn"}); !s.ok()) return 2;
   return run ? run() : 2;
 }

@@ -29,7 +29,14 @@ done
 code=0
 "$hlem" workload generate --phase-duration 7s --regime burst --out "$dir/bad.trace" \
   2>"$dir/err.txt" || code=$?
-[ "$code" -ne 0 ] || { echo "--phase-duration with --regime was accepted" >&2; exit 1; }
+# CLI11's own errors exit 2 too (common/cli.h), not CLI11's 108, and name the flags.
+if [ "$code" -ne 2 ] || ! grep -q -- "--regime" "$dir/err.txt"; then
+  echo "--phase-duration with --regime: exit $code" >&2; cat "$dir/err.txt" >&2; exit 1
+fi
+code=0
+"$hlem" sim run --no-such-flag 2>"$dir/err.txt" || code=$?
+[ "$code" -eq 2 ] || { echo "an unknown flag: exit $code" >&2; cat "$dir/err.txt" >&2; exit 1; }
+"$hlem" sim run --help >/dev/null || { echo "--help did not exit 0" >&2; exit 1; }
 sim() {  # sim <trace> <cost file> [flags]
   local trace=$1 costs=$2
   shift 2
