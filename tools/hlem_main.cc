@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 
+#include "common/build_info.h"
 #include "common/cli.h"
 #include "common/logging.h"
 #include "tools/commands.h"
@@ -24,6 +25,7 @@ int Fail(absl::string_view command, absl::string_view what, const absl::Status& 
 int main(int argc, char** argv) {
   CLI::App app{"HLEM command-line tools"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("hlem ") + hlem::BuildCommit());
   hlem::tools::Run run;
   hlem::tools::RegisterTableCommands(app, &run);
   hlem::tools::RegisterShardCommands(app, &run);

@@ -22,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/build_info.h"
 #include "common/rng.h"
 #include "common/status_macros.h"
 #include "sim/workload/trace.h"
@@ -146,18 +147,25 @@ absl::StatusOr<Profile> FindProfile(const std::string& name, bool quick) {
   return p;
 }
 
+namespace {
+// The commit, and the binary's when it was built from another one.
+std::string CommitText(const Stamp& s) {
+  return s.binary == s.commit ? s.commit : absl::StrCat(s.commit, " (the binary: ", s.binary, ")");
+}
+}  // namespace
+
 std::string Stamp::Markdown() const {
   return absl::StrFormat(
       "> Profile: %s. Commit %s; seeds %s; device: %s; cost model at commit %s; wall time %.0f "
       "s.\n",
-      profile_line, commit, seeds, device, costs_commit, wall_s);
+      profile_line, CommitText(*this), seeds, device, costs_commit, wall_s);
 }
 
 std::string Stamp::CsvComment() const {
   return absl::StrFormat(
       "# profile: %s\n# commit: %s\n# seeds: %s\n# device: %s\n# cost model commit: %s\n# wall "
       "time: %.0f s\n",
-      profile_line, commit, seeds, device, costs_commit, wall_s);
+      profile_line, CommitText(*this), seeds, device, costs_commit, wall_s);
 }
 
 absl::StatusOr<sim::WorkloadConfig> LoadWorkload(const EvalOptions& options,
@@ -402,7 +410,10 @@ absl::StatusOr<std::vector<std::string>> RunExperimentRuns(const EvalOptions& op
 }
 
 Task CachedRun(const EvalOptions& options, const Stamp& stamp, const std::string& key, Task run) {
-  if (stamp.commit == "unknown" || absl::EndsWith(stamp.commit, "-dirty")) return run;
+  if (stamp.commit == "unknown" || absl::EndsWith(stamp.commit, "-dirty") ||
+      stamp.binary != stamp.commit) {
+    return run;
+  }
   const std::string full = absl::StrCat("commit=", stamp.commit, " ", key);
   const fs::path path =
       fs::path(options.work_dir) / "runs" / absl::StrFormat("%016x.txt", NameHash(full));
@@ -587,6 +598,7 @@ absl::Status RunExperiment(const std::string& name, const EvalOptions& options) 
   for (const Experiment* e : chosen) {
     Stamp stamp;
     stamp.commit = Git(options.repo, {"describe", "--always", "--dirty"});
+    stamp.binary = BuildCommit();
     stamp.costs_commit = Git(options.repo, {"log", "-1", "--format=%h", "--", profile.costs});
     stamp.seeds = absl::StrJoin(options.seeds, ", ");
     stamp.profile_line = absl::StrFormat(

@@ -59,6 +59,7 @@ struct EvalOptions {
 // What every output file says about how it was made.
 struct Stamp {
   std::string commit;        // git describe of `repo` (+dirty), or "unknown"
+  std::string binary;        // the commit this binary was built from (common/build_info.h)
   std::string costs_commit;  // the last commit that changed the cost-model file
   std::string device;        // the cost model's device line
   std::string profile_line;  // profile, nodes, load, note
@@ -161,7 +162,8 @@ absl::StatusOr<std::vector<std::string>> RunExperimentRuns(const EvalOptions& op
 
 // `run`, cached under work_dir/runs/ by `key` and the commit: the twin is deterministic, so the
 // same code, inputs and options give the same figures (an experiment reuses another's runs).
-// Nothing is cached when the commit is unknown or the tree has changes (the code may differ).
+// Nothing is cached when the commit is unknown, the tree has changes or the binary was built
+// from another commit (the code may differ).
 Task CachedRun(const EvalOptions& options, const Stamp& stamp, const std::string& key, Task run);
 // RunFigures as a cached task (its output: Figures::Format()).
 Task FiguresTask(const EvalOptions& options, const Stamp& stamp, const tools::SimSetupOptions& run,

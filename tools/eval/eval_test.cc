@@ -83,14 +83,20 @@ TEST_F(EvalTest, CachedRunsAreReusedOnlyForTheSameKeyAndACleanCommit) {
   const EvalOptions o{.work_dir = dir_.string()};
   int calls = 0;
   const Task count = [&calls]() -> absl::StatusOr<std::string> { return std::to_string(++calls); };
-  const Stamp clean{.commit = "abc1234"};
+  const Stamp clean{.commit = "abc1234", .binary = "abc1234"};
   EXPECT_EQ(*CachedRun(o, clean, "trace=a alpha=0.5", count)(), "1");
   EXPECT_EQ(*CachedRun(o, clean, "trace=a alpha=0.5", count)(), "1");  // from the cache
   EXPECT_EQ(*CachedRun(o, clean, "trace=a alpha=0.6", count)(), "2");  // another run
-  EXPECT_EQ(*CachedRun(o, Stamp{.commit = "def5678"}, "trace=a alpha=0.5", count)(), "3");
-  const Stamp dirty{.commit = "abc1234-dirty"};  // the code may differ from the commit
+  EXPECT_EQ(
+      *CachedRun(o, Stamp{.commit = "def5678", .binary = "def5678"}, "trace=a alpha=0.5", count)(),
+      "3");
+  const Stamp dirty{.commit = "abc1234-dirty", .binary = "abc1234-dirty"};  // code may differ
   EXPECT_EQ(*CachedRun(o, dirty, "trace=a alpha=0.5", count)(), "4");
   EXPECT_EQ(*CachedRun(o, dirty, "trace=a alpha=0.5", count)(), "5");
+  const Stamp other{.commit = "abc1234", .binary = "0ther00"};  // a binary of another commit
+  EXPECT_EQ(*CachedRun(o, other, "trace=a alpha=0.5", count)(), "6");
+  EXPECT_EQ(*CachedRun(o, other, "trace=a alpha=0.5", count)(), "7");
+  EXPECT_THAT(other.Markdown(), HasSubstr("abc1234 (the binary: 0ther00)"));
   // The key names what decides a run.
   tools::SimSetupOptions run{
       .trace = "/x/paper-steady.trace",
