@@ -23,8 +23,10 @@ phase_s=50 seed=7 grid=0.05
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) phase_s=30 grid=0.1; shift ;;
-    --phase-s) phase_s=${2:?--phase-s needs a number of seconds}; shift 2 ;;
-    --seed) seed=${2:?--seed needs a number}; shift 2 ;;
+    --phase-s|--seed)
+      [ $# -ge 2 ] || { echo "run-local.sh: $1 needs a value" >&2; exit 2; }
+      if [ "$1" = --phase-s ]; then phase_s=$2; else seed=$2; fi
+      shift 2 ;;
     *) echo "run-local.sh: unknown argument '$1' (allowed: --quick, --phase-s N, --seed N)" >&2
        exit 2 ;;
   esac
@@ -102,19 +104,22 @@ awk -F, '
     }
   }' "$run_dir/static-phases.csv" "$run_dir/hlem-phases.csv" | tee "$run_dir/main-job.txt"
 
+# The decision window of the workload (a "window: 5s" line), in seconds: the plot's x unit.
+window_s=$(sed -n 's/^window:[[:space:]]*\([0-9.]*\)s\([[:space:]].*\)\{0,1\}$/\1/p' "$workload" | head -1)
+window_s=${window_s:-5}
 if command -v gnuplot >/dev/null; then
   cat >"$run_dir/main-job.gp" <<EOF
 set terminal pngcairo size 900,450
 set output '$run_dir/main-job.png'
 set datafile separator ','
-set title 'local cluster, P99 per 5 s window (Steady | Trend | Burst, ${phase_s} s each)'
+set title 'local cluster, P99 per ${window_s} s window (Steady | Trend | Burst, ${phase_s} s each)'
 set xlabel 'time (s)'
 set ylabel 'P99 (ms)'
 set arrow from $phase_s, graph 0 to $phase_s, graph 1 nohead dt 2
 set arrow from $((2 * phase_s)), graph 0 to $((2 * phase_s)), graph 1 nohead dt 2
-# x: the window index × deploy/local/workload.yaml's 5 s window
-plot '$run_dir/static-windows.csv' every ::1 using (\$1*5):6 with linespoints title 'static α $oracle (oracle)', \
-     '$run_dir/hlem-windows.csv' every ::1 using (\$1*5):6 with linespoints title 'HLEM'
+# x: the window index × the workload's window
+plot '$run_dir/static-windows.csv' every ::1 using (\$1*$window_s):6 with linespoints title 'static α $oracle (oracle)', \
+     '$run_dir/hlem-windows.csv' every ::1 using (\$1*$window_s):6 with linespoints title 'HLEM'
 EOF
   gnuplot "$run_dir/main-job.gp" && echo "plot: $run_dir/main-job.png"
 fi

@@ -46,17 +46,9 @@ int Loadgen(const LoadgenFlags& f) {
   }
   // Windows and phases on the replay's clock: the trace's shrink with the speed.
   window_ns = static_cast<uint64_t>(static_cast<double>(window_ns) / f.speed);
-  std::vector<loadgen::PhaseSpan> phases;
-  if (config.ok()) {
-    double at_s = 0;
-    for (const sim::Phase& p : config->phases) {
-      const double end_s = at_s + absl::ToDoubleSeconds(p.duration) / f.speed;
-      phases.push_back({.name = sim::RegimeName(p.regime),
-                        .start_ns = static_cast<uint64_t>(at_s * 1e9),
-                        .end_ns = static_cast<uint64_t>(end_s * 1e9)});
-      at_s = end_s;
-    }
-  }
+  const std::vector<loadgen::PhaseSpan> phases = config.ok()
+                                                     ? loadgen::PhaseSpans(config->phases, f.speed)
+                                                     : std::vector<loadgen::PhaseSpan>{};
   const double total = f.limit > 0 ? static_cast<double>(f.limit) : 0;
   loadgen::ReplayOptions options{.router = f.router,
                                  .speed = f.speed,

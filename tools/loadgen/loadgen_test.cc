@@ -192,6 +192,24 @@ TEST(SummaryTest, QuantilesSloAndCodes) {
 // Phases split the requests by scheduled time after the warm-up: the warm-up clips the first
 // phase's span, a request at a span's end belongs to the next phase, and each phase's throughput
 // is its OK answers per second of its (clipped) span.
+TEST(SummaryTest, PhaseSpansFollowTheTracesPhasesAtTheReplaySpeed) {
+  const std::vector<sim::Phase> phases = {
+      {.regime = sim::Regime::kSteady, .duration = absl::Seconds(10)},
+      {.regime = sim::Regime::kTrend, .duration = absl::Seconds(20)},
+      {.regime = sim::Regime::kBurst, .duration = absl::Milliseconds(1500)}};
+  const std::vector<PhaseSpan> spans = PhaseSpans(phases, 2.0);
+  ASSERT_EQ(spans.size(), 3u);
+  EXPECT_EQ(spans[0].name, "steady");
+  EXPECT_EQ(spans[0].start_ns, 0u);
+  EXPECT_EQ(spans[0].end_ns, 5'000'000'000u);
+  EXPECT_EQ(spans[1].name, "trend");
+  EXPECT_EQ(spans[1].start_ns, 5'000'000'000u);
+  EXPECT_EQ(spans[1].end_ns, 15'000'000'000u);
+  EXPECT_EQ(spans[2].name, "burst");
+  EXPECT_EQ(spans[2].end_ns, 15'750'000'000u);
+  EXPECT_TRUE(PhaseSpans({}, 1.0).empty());
+}
+
 TEST(SummaryTest, PhasesSplitByScheduledTimeAfterTheWarmUp) {
   std::vector<Outcome> out;
   for (int i = 0; i < 100; ++i) {  // one request every 10 ms, 1 s in all

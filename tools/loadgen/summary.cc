@@ -46,6 +46,19 @@ std::string CodeName(int code) {
 
 }  // namespace
 
+std::vector<PhaseSpan> PhaseSpans(const std::vector<sim::Phase>& phases, double speed) {
+  std::vector<PhaseSpan> spans;
+  double at_s = 0;
+  for (const sim::Phase& p : phases) {
+    const double end_s = at_s + absl::ToDoubleSeconds(p.duration) / speed;
+    spans.push_back({.name = sim::RegimeName(p.regime),
+                     .start_ns = static_cast<uint64_t>(std::llround(at_s * 1e9)),
+                     .end_ns = static_cast<uint64_t>(std::llround(end_s * 1e9))});
+    at_s = end_s;
+  }
+  return spans;
+}
+
 absl::Status Check(const std::vector<Outcome>& outcomes) {
   for (size_t i = 0; i < outcomes.size(); ++i) {
     if (outcomes[i].code < 0) {

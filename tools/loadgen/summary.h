@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "sim/workload/workload.h"
 
 namespace hlem::loadgen {
 
@@ -54,6 +55,10 @@ struct PhaseSpan {
   std::string name;
   uint64_t start_ns = 0, end_ns = 0;
 };
+
+// The spans of a trace's phases (its generator config's) on a replay `speed` times faster than
+// the trace: back to back from 0, each phase's duration ÷ speed.
+std::vector<PhaseSpan> PhaseSpans(const std::vector<sim::Phase>& phases, double speed);
 
 struct PhaseSummary {
   PhaseSpan span;  // start_ns raised to the warm-up's end where it falls inside
