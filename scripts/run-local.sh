@@ -4,7 +4,9 @@
 # oracle static α and once with HLEM's SmartAllocator, both behind the KV–EMB-aware router (as
 # in `hlem eval e2e`), side by side.
 #   1. installs missing Debian packages, builds the runtime targets (Release),
-#   2. writes the trace (deploy/local/workload.yaml, every phase shortened to --phase-s),
+#   2. writes the trace (deploy/local/workload.yaml, every phase shortened to --phase-s, after a
+#      Steady warm-up of --warmup-s that both runs leave out: the caches fill and the
+#      SmartAllocator, which starts at α 0.5 and moves at most 0.06 a window, settles),
 #   3. picks the oracle static α: the best static α in hindsight on this trace, found in the
 #      digital twin fitted to a local cluster (hlem sim sweep; sim/costs/cpu-local-cluster.yaml)
 #      on a 0.05 grid (0.1 with --quick; the evaluation uses 0.02, ARCHITECTURE §8),
@@ -14,24 +16,26 @@
 #   6. prints P99, SLO satisfaction and throughput per phase for both runs, plots per-window P99
 #      (out/local/main-job.png) and says where everything is.
 # The cluster is stopped on exit, Ctrl-C or failure.
-# Options: --quick (30 s phases; CI runs it), --phase-s N (default 50), --seed N (default 7),
+# Options: --quick (30 s phases and warm-up; CI runs it), --phase-s N (default 50), --warmup-s N
+#   (default 40), --seed N (default 7),
 #   HLEM_JOBS=N (build parallelism), HLEM_BUILD_DIR=dir (default build-release; CI passes its own).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-phase_s=50 seed=7 grid=0.05
+phase_s=50 warmup_s=40 seed=7 grid=0.05
 while [ $# -gt 0 ]; do
   case "$1" in
-    --quick) phase_s=30 grid=0.1; shift ;;
-    --phase-s|--seed)
+    --quick) phase_s=30 warmup_s=30 grid=0.1; shift ;;
+    --phase-s|--warmup-s|--seed)
       [ $# -ge 2 ] || { echo "run-local.sh: $1 needs a value" >&2; exit 2; }
-      if [ "$1" = --phase-s ]; then phase_s=$2; else seed=$2; fi
+      case "$1" in --phase-s) phase_s=$2 ;; --warmup-s) warmup_s=$2 ;; *) seed=$2 ;; esac
       shift 2 ;;
-    *) echo "run-local.sh: unknown argument '$1' (allowed: --quick, --phase-s N, --seed N)" >&2
+    *) echo "run-local.sh: unknown argument '$1' (allowed: --quick, --phase-s N, --warmup-s N, --seed N)" >&2
        exit 2 ;;
   esac
 done
 [[ "$phase_s" =~ ^[1-9][0-9]*$ ]] || { echo "run-local.sh: --phase-s '$phase_s' is not a whole number of seconds" >&2; exit 2; }
+[[ "$warmup_s" =~ ^[0-9]+$ ]] || { echo "run-local.sh: --warmup-s '$warmup_s' is not a whole number of seconds" >&2; exit 2; }
 [[ "$seed" =~ ^[0-9]+$ ]] || { echo "run-local.sh: --seed '$seed' is not a number" >&2; exit 2; }
 
 jobs=${HLEM_JOBS:-$(nproc)}
@@ -40,7 +44,6 @@ run_dir=out/local
 workload=deploy/local/workload.yaml
 weights=allocator_service/policies/ppo-local.mlp
 slo_ms=25  # deploy/local/node.yaml's SLO (docs/calibration.md)
-warmup_s=10
 start=$SECONDS
 
 bash scripts/install-deps.sh
@@ -56,8 +59,9 @@ trap '"$hlem" cluster down --run-dir "$run_dir" >/dev/null 2>&1 || true' EXIT IN
 "$hlem" cluster down --run-dir "$run_dir" >/dev/null 2>&1 || true  # a previous run's leftovers
 
 trace="$run_dir/main.trace"
-echo "== trace: $workload, Steady → Trend → Burst, ${phase_s} s each, seed $seed"
-"$hlem" workload generate --config "$workload" --phase-duration "${phase_s}s" --seed "$seed" \
+echo "== trace: $workload, a ${warmup_s} s warm-up, then Steady → Trend → Burst, ${phase_s} s each, seed $seed"
+"$hlem" workload generate --config "$workload" --phase-duration "${phase_s}s" \
+  --warmup "${warmup_s}s" --seed "$seed" \
   --out "$trace"
 
 echo "== oracle static α: every α on a $grid grid in the twin on this trace (hindsight)"
@@ -75,7 +79,7 @@ run() {  # run NAME ALLOCATOR_FLAGS...: cluster up, replay the trace, cluster do
     --shards-config deploy/local/shards.yaml --node-config deploy/local/node.yaml "$@"
   local router
   router="127.0.0.1:$(awk '$1 == "router" {print $4}' "$run_dir/cluster.state")"
-  echo "== $name: replaying the trace through the router ($((3 * phase_s)) s)"
+  echo "== $name: replaying the trace through the router ($((warmup_s + 3 * phase_s)) s)"
   "$hlem" loadgen --trace "$trace" --router "$router" --slo-ms "$slo_ms" --deadline-ms 2000 \
     --warmup-s "$warmup_s" --csv "$run_dir/$name-requests.csv" \
     --windows-csv "$run_dir/$name-windows.csv" --phases-csv "$run_dir/$name-phases.csv" \
@@ -112,11 +116,12 @@ if command -v gnuplot >/dev/null; then
 set terminal pngcairo size 900,450
 set output '$run_dir/main-job.png'
 set datafile separator ','
-set title 'local cluster, P99 per ${window_s} s window (Steady | Trend | Burst, ${phase_s} s each)'
+set title 'local cluster, P99 per ${window_s} s window (warm-up ${warmup_s} s | Steady | Trend | Burst, ${phase_s} s each)'
 set xlabel 'time (s)'
 set ylabel 'P99 (ms)'
-set arrow from $phase_s, graph 0 to $phase_s, graph 1 nohead dt 2
-set arrow from $((2 * phase_s)), graph 0 to $((2 * phase_s)), graph 1 nohead dt 2
+set arrow from $warmup_s, graph 0 to $warmup_s, graph 1 nohead dt 3
+set arrow from $((warmup_s + phase_s)), graph 0 to $((warmup_s + phase_s)), graph 1 nohead dt 2
+set arrow from $((warmup_s + 2 * phase_s)), graph 0 to $((warmup_s + 2 * phase_s)), graph 1 nohead dt 2
 # x: the window index × the workload's window
 plot '$run_dir/static-windows.csv' every ::1 using (\$1*$window_s):6 with linespoints title 'static α $oracle (oracle)', \
      '$run_dir/hlem-windows.csv' every ::1 using (\$1*$window_s):6 with linespoints title 'HLEM'

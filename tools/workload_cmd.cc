@@ -21,7 +21,7 @@ namespace hlem::tools {
 namespace {
 
 struct GenerateArgs {
-  std::string config, out, regime, duration, phase_duration;
+  std::string config, out, regime, duration, phase_duration, warmup;
   uint64_t seed = 0;
   double rate = 0;
   bool seed_set = false;
@@ -68,6 +68,14 @@ int Generate(const GenerateArgs& a) {
                               "'", a.phase_duration, "' is not a positive duration (5m, 90s)")));
     }
     for (sim::Phase& p : config->phases) p.duration = d;
+  }
+  if (!a.warmup.empty()) {
+    absl::Duration d;
+    if (!absl::ParseDuration(a.warmup, &d) || d < absl::ZeroDuration()) {
+      return WorkloadFail("--warmup", absl::InvalidArgumentError(absl::StrCat(
+                                          "'", a.warmup, "' is not a duration (40s, 1m, 0s)")));
+    }
+    config->phases.front().duration += d;
   }
   auto generator = sim::WorkloadGenerator::Create(*config);
   if (!generator.ok()) return WorkloadFail("config", generator.status());
@@ -175,6 +183,9 @@ void RegisterWorkloadCommands(CLI::App& app, Run* run) {
                    "every phase of the config lasts this long (e.g. 45s), in the config's order")
       ->excludes("--regime")
       ->excludes(duration);
+  generate->add_option("--warmup", g->warmup,
+                       "the first phase lasts this much longer (e.g. 40s): a warm-up for caches "
+                       "and controllers that the measurement leaves out (loadgen --warmup-s)");
   generate->add_flag("--explicit-events", g->explicit_events,
                      "write every event's feature ids (default: only their count; readers "
                      "regenerate them from the header's generator config)");

@@ -23,4 +23,6 @@ check "--seed needs a value" --quick --seed
 check "--phase-s '0' is not a whole number" --phase-s 0
 check "--phase-s 'abc' is not a whole number" --phase-s abc
 check "--seed '-1' is not a number" --seed -1
+check "--warmup-s '1.5' is not a whole number" --warmup-s 1.5
+check "--warmup-s needs a value" --warmup-s
 echo "run-local.sh argument checks: ok"

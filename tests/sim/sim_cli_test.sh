@@ -19,6 +19,12 @@ trap 'rm -rf "$dir"' EXIT
 # does not parse or is not positive, or one combined with --regime, is a clear error (exit 2).
 "$hlem" workload generate --config "$src/deploy/local/workload.yaml" --phase-duration 7s \
   --seed 3 --out "$dir/p.trace" | grep -q "over 21 s" || { echo "--phase-duration 7s: not 21 s" >&2; exit 1; }
+# --warmup lengthens the first phase only: 3 × 7 s + 5 s.
+"$hlem" workload generate --config "$src/deploy/local/workload.yaml" --phase-duration 7s \
+  --warmup 5s --seed 3 --out "$dir/w.trace" | grep -q "over 26 s" || { echo "--warmup 5s: not 26 s" >&2; exit 1; }
+code=0
+"$hlem" workload generate --warmup soon --out "$dir/bad.trace" 2>"$dir/err.txt" || code=$?
+[ "$code" -eq 2 ] && grep -q -- "--warmup" "$dir/err.txt" || { echo "--warmup soon: exit $code" >&2; cat "$dir/err.txt" >&2; exit 1; }
 for bad in 0s abc; do
   code=0
   "$hlem" workload generate --phase-duration "$bad" --out "$dir/bad.trace" 2>"$dir/err.txt" || code=$?
