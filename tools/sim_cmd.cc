@@ -192,8 +192,10 @@ int Oracle(const SimFlags& f) {
                 static_cast<unsigned long long>(requests), w.alpha_star, w.reward_star,
                 w.unimodal ? "yes" : "no", w.curve.size());
     std::string curve;
-    for (const auto& [a, r] : w.curve)
-      absl::StrAppendFormat(&curve, "%s%.2f:%.4f", curve.empty() ? "" : " ", a, r);
+    for (const sim::CurvePoint& p : w.curve) {
+      absl::StrAppendFormat(&curve, "%s%.2f:%.4f:%.2f", curve.empty() ? "" : " ", p.alpha, p.reward,
+                            p.p99_ms);
+    }
     absl::StrAppendFormat(&csv, "%d,%d,%.2f,%.4f,%.2f,%.4f,%d,%s\n", w.window, requests,
                           w.alpha_star, w.reward_star, w.alpha_followed, followed, w.unimodal,
                           curve);
@@ -507,7 +509,8 @@ void RegisterSimCommands(CLI::App& app, Run* run) {
       ->check(CLI::IsMember({"star", "static"}));
   oracle->add_option("--alpha", o->alpha, "the starting alpha (and the static one)")
       ->check(CLI::Range(0.0, 1.0));
-  oracle->add_option("--csv", o->csv, "write one row per window here (with its reward curve)");
+  oracle->add_option("--csv", o->csv,
+                     "write one row per window here (with its curve: alpha:reward:p99_ms ...)");
   oracle->callback([=] { *run = [=] { return Oracle(*o); }; });
 
   auto fit = std::make_shared<FitFlags>();

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 
@@ -48,41 +49,47 @@ Child Fork(Twin& twin, double alpha, absl::Duration from, absl::Duration to,
   if (pid == 0) {
     close(fds[0]);
     twin.SealSource();  // the trace file's offset is shared with the parent
-    double reward = std::nan("");
+    WindowScore score{.reward = std::nan("")};
     if (twin.SetAlpha(alpha).ok()) {
       twin.RunUntil(to);
       for (absl::Duration t = to; !twin.AnsweredBefore(to) && t < to + o.drain;) {
         t += absl::Milliseconds(100);
         twin.RunUntil(t);
       }
-      if (twin.AnsweredBefore(to)) reward = WindowReward(twin.outcomes(), from, to, o.slo);
+      if (twin.AnsweredBefore(to)) score = ScoreWindow(twin.outcomes(), from, to, o.slo);
     }
-    const ssize_t n = write(fds[1], &reward, sizeof reward);
-    _exit(n == sizeof reward ? 0 : 1);  // no destructors, no atexit: the parent owns everything
+    const ssize_t n = write(fds[1], &score, sizeof score);
+    _exit(n == sizeof score ? 0 : 1);  // no destructors, no atexit: the parent owns everything
   }
   close(fds[1]);
   return {pid, fds[0], alpha};
 }
 
-absl::StatusOr<double> Collect(const Child& c) {
-  double reward = std::nan("");
+absl::StatusOr<WindowScore> Collect(const Child& c) {
+  WindowScore score{.reward = std::nan("")};
   ssize_t n;
   do {
-    n = read(c.fd, &reward, sizeof reward);
+    n = read(c.fd, &score, sizeof score);
   } while (n < 0 && errno == EINTR);
   close(c.fd);
   int status = 0;
   waitpid(c.pid, &status, 0);
-  if (n != sizeof reward || !WIFEXITED(status) || WEXITSTATUS(status) != 0 || std::isnan(reward)) {
+  if (n != sizeof score || !WIFEXITED(status) || WEXITSTATUS(status) != 0 ||
+      std::isnan(score.reward)) {
     return absl::InternalError(absl::StrCat("the child evaluating alpha ", c.alpha, " failed"));
   }
-  return reward;
+  return score;
 }
 
 }  // namespace
 
 double WindowReward(const std::vector<TwinOutcome>& outcomes, absl::Duration from,
                     absl::Duration to, absl::Duration slo) {
+  return ScoreWindow(outcomes, from, to, slo).reward;
+}
+
+WindowScore ScoreWindow(const std::vector<TwinOutcome>& outcomes, absl::Duration from,
+                        absl::Duration to, absl::Duration slo) {
   const auto lo = static_cast<uint64_t>(absl::ToInt64Nanoseconds(from));
   const auto hi = static_cast<uint64_t>(absl::ToInt64Nanoseconds(to));
   const auto slo_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(slo));
@@ -95,15 +102,18 @@ double WindowReward(const std::vector<TwinOutcome>& outcomes, absl::Duration fro
     latencies.push_back(ok ? o.latency_ns : UINT64_MAX);
     satisfied += ok && o.latency_ns <= slo_ns;
   }
-  if (latencies.empty()) return 0;
+  if (latencies.empty()) return {};
   const size_t k = std::min(latencies.size() - 1,
                             static_cast<size_t>(0.99 * static_cast<double>(latencies.size())));
   std::nth_element(latencies.begin(), latencies.begin() + static_cast<std::ptrdiff_t>(k),
                    latencies.end());
-  return Reward(static_cast<double>(satisfied) / static_cast<double>(latencies.size()),
-                latencies[k] == UINT64_MAX ? absl::InfiniteDuration()
-                                           : absl::Nanoseconds(static_cast<int64_t>(latencies[k])),
-                slo);
+  const bool failed = latencies[k] == UINT64_MAX;
+  return {.reward = Reward(static_cast<double>(satisfied) / static_cast<double>(latencies.size()),
+                           failed ? absl::InfiniteDuration()
+                                  : absl::Nanoseconds(static_cast<int64_t>(latencies[k])),
+                           slo),
+          .p99_ms = failed ? std::numeric_limits<double>::infinity()
+                           : static_cast<double>(latencies[k]) / 1e6};
 }
 
 double Reward(double slo_satisfied, absl::Duration p99, absl::Duration slo) {
@@ -132,7 +142,7 @@ absl::StatusOr<WindowOracle> SearchAlphaStar(Twin& twin, uint64_t window, absl::
     std::vector<double> todo;
     for (double a : alphas) {
       const bool seen = std::any_of(result.curve.begin(), result.curve.end(),
-                                    [&](const auto& p) { return std::abs(p.first - a) < 1e-9; });
+                                    [&](const auto& p) { return std::abs(p.alpha - a) < 1e-9; });
       if (!seen) todo.push_back(a);
     }
     for (size_t i = 0; i < todo.size(); i += static_cast<size_t>(o.parallel)) {
@@ -144,51 +154,67 @@ absl::StatusOr<WindowOracle> SearchAlphaStar(Twin& twin, uint64_t window, absl::
       }
       absl::Status first;
       for (const Child& c : children) {
-        absl::StatusOr<double> r = Collect(c);
+        absl::StatusOr<WindowScore> r = Collect(c);
         if (!r.ok() && first.ok()) first = r.status();
-        if (r.ok()) result.curve.push_back({c.alpha, *r});
+        if (r.ok()) result.curve.push_back({c.alpha, r->reward, r->p99_ms});
       }
       if (!first.ok()) return first;
     }
-    std::sort(result.curve.begin(), result.curve.end());
+    std::sort(result.curve.begin(), result.curve.end(),
+              [](const CurvePoint& a, const CurvePoint& b) { return a.alpha < b.alpha; });
     return absl::OkStatus();
   };
-  // The best reward; among equal ones (a window too short for the caches to tell some αs apart),
-  // the α nearest `prefer`: no move without a gain.
+  // What α* maximises: the reward; among rewards within kRewardTie of the best (when every
+  // candidate meets the SLO the reward saturates and says nothing), the lower window P99; among
+  // equal P99s (a window too short for the caches to tell some αs apart), the α nearest
+  // `prefer`: no move without a gain. objective() ranks by the first two, for the unimodality
+  // check.
+  auto top = [&] {
+    double t = -1e300;
+    for (const CurvePoint& p : result.curve) t = std::max(t, p.reward);
+    return t;
+  };
+  auto objective = [&](const CurvePoint& p, double best_reward) {
+    return p.reward >= best_reward - kRewardTie ? 1e12 - p.p99_ms : p.reward;
+  };
   auto best = [&] {
-    const double top =
-        std::max_element(result.curve.begin(), result.curve.end(),
-                         [](const auto& a, const auto& b) { return a.second < b.second; })
-            ->second;
-    std::pair<double, double> pick = {0, -1e300};
-    for (const auto& p : result.curve) {
-      if (p.second >= top - kRewardTie &&
-          (pick.second < -1e299 || std::abs(p.first - prefer) < std::abs(pick.first - prefer))) {
-        pick = p;
+    const double t = top();
+    double best_value = -1e300;
+    for (const CurvePoint& p : result.curve) best_value = std::max(best_value, objective(p, t));
+    const CurvePoint* pick = nullptr;
+    for (const CurvePoint& p : result.curve) {
+      if (objective(p, t) >= best_value - 1e-9 &&
+          (pick == nullptr || std::abs(p.alpha - prefer) < std::abs(pick->alpha - prefer))) {
+        pick = &p;
       }
     }
-    return pick;
+    return *pick;
   };
   if (absl::Status st = evaluate(Grid(o.lo, o.hi, o.coarse_step, o.lo, o.hi)); !st.ok()) return st;
   int maxima = 0;
+  const double coarse_top = top();
   for (size_t i = 0; i < result.curve.size(); ++i) {
-    const double r = result.curve[i].second;
-    const bool left = i == 0 || r > result.curve[i - 1].second + 1e-12;
-    const bool right = i + 1 == result.curve.size() || r >= result.curve[i + 1].second - 1e-12;
+    const double r = objective(result.curve[i], coarse_top);
+    const bool left = i == 0 || r > objective(result.curve[i - 1], coarse_top) + 1e-12;
+    const bool right =
+        i + 1 == result.curve.size() || r >= objective(result.curve[i + 1], coarse_top) - 1e-12;
     // A plateau counts once: its left end.
     maxima += left && right;
   }
   result.unimodal = maxima <= 1;
-  const double coarse_best = best().first;
+  const double coarse_best = best().alpha;
   absl::Status st = result.unimodal
                         ? evaluate(Grid(coarse_best - o.coarse_step, coarse_best + o.coarse_step,
                                         o.fine_step, o.lo, o.hi))
                         : evaluate(Grid(o.lo, o.hi, o.fine_step, o.lo, o.hi));
   if (!st.ok()) return st;
-  const double fine_best = best().first;
+  const double fine_best = best().alpha;
   st = evaluate(Grid(fine_best - o.fine_step, fine_best + o.fine_step, o.finest_step, o.lo, o.hi));
   if (!st.ok()) return st;
-  std::tie(result.alpha_star, result.reward_star) = best();
+  const CurvePoint star = best();
+  result.alpha_star = star.alpha;
+  result.reward_star = star.reward;
+  result.p99_star_ms = star.p99_ms;
   return result;
 }
 
@@ -239,6 +265,7 @@ absl::StatusOr<Tracked> TrackControlled(
     TrackedWindow w{.window = static_cast<uint64_t>(k),
                     .alpha_star = star->alpha_star,
                     .reward_star = star->reward_star,
+                    .p99_star_ms = star->p99_star_ms,
                     .unimodal = star->unimodal,
                     .alphas = loop->alphas(),
                     .curve = std::move(star->curve)};
@@ -253,7 +280,9 @@ absl::StatusOr<Tracked> TrackControlled(
     const auto hi = static_cast<uint64_t>(absl::ToInt64Nanoseconds(from + control.window));
     for (const TwinOutcome& o : twin.outcomes()) w.requests += o.sent_ns >= lo && o.sent_ns < hi;
     if (w.requests == 0) continue;  // after the trace's end
-    w.reward = WindowReward(twin.outcomes(), from, from + control.window, oracle.slo);
+    const WindowScore score = ScoreWindow(twin.outcomes(), from, from + control.window, oracle.slo);
+    w.reward = score.reward;
+    w.p99_ms = score.p99_ms;
     out.windows.push_back(std::move(w));
   }
   return out;

@@ -5,10 +5,12 @@
 // nothing from the trace's file); each child pushes its α to every node (a metadata change as the
 // allocator's; the refill it starts and the KV it reclaims are part of its cost), runs to the end
 // of the window and until every request sent in it has its outcome, and reports the window's
-// reward; every child sees the same requests (the trace) and the same state (common random
-// numbers). α*_t is the best candidate. The parent then runs window t with the α `follow` names
-// (α*_t itself for the oracle trajectory, or a controller's) and goes on. Candidates whose rewards
-// tie go to the one nearest the α the nodes run (no move without a gain).
+// reward and P99; every child sees the same requests (the trace) and the same state (common random
+// numbers). α*_t is the best candidate: the highest reward, and among rewards that tie (within
+// kRewardTie: when every α meets the SLO the reward saturates) the lowest P99. The parent then runs
+// window t with the α `follow` names (α*_t itself for the oracle trajectory, or a controller's) and
+// goes on. Candidates whose rewards tie go to the one nearest the α the nodes run (no move without
+// a gain).
 //
 // Reward of a window (ARCHITECTURE §3): over the requests sent in it, the SLO-satisfied fraction
 // (OK within the SLO) − max(0, P99 − SLO) ÷ SLO, where a failed request counts as never answered
@@ -45,26 +47,38 @@ struct OracleOptions {
   uint32_t search_every = 1;
 };
 
+// A candidate α's window: the reward and the P99 (ms; infinite when over 1 % failed).
+struct CurvePoint {
+  double alpha = 0, reward = 0, p99_ms = 0;
+};
+
 struct WindowOracle {
   uint64_t window = 0;
   double alpha_star = 0;
-  double reward_star = 0;  // at α*
+  double reward_star = 0, p99_star_ms = 0;  // at α*
   double alpha_followed = 0;
-  bool unimodal = true;                          // the coarse curve had a single local maximum
-  std::vector<std::pair<double, double>> curve;  // (α, reward), ascending α
+  bool unimodal = true;           // the coarse curve had a single maximum of what α* maximises
+  std::vector<CurvePoint> curve;  // ascending α
 };
 
 inline constexpr double kRewardP99Cap = 4.0;
 // The reward from its two parts (p99: InfiniteDuration when over 1 % of the requests failed).
 double Reward(double slo_satisfied, absl::Duration p99, absl::Duration slo);
-// Reward of the requests sent in [from, to) (outcomes of the twin's trace so far).
+// Reward and P99 of the requests sent in [from, to) (outcomes of the twin's trace so far); 0 and
+// 0 for an empty window.
+struct WindowScore {
+  double reward = 0, p99_ms = 0;
+};
+WindowScore ScoreWindow(const std::vector<TwinOutcome>& outcomes, absl::Duration from,
+                        absl::Duration to, absl::Duration slo);
 double WindowReward(const std::vector<TwinOutcome>& outcomes, absl::Duration from,
                     absl::Duration to, absl::Duration slo);
 
 // α*_t of the window [from, to) from the twin's state now (at `from`; started): the search above,
 // in forked children. `window` only labels the result (alpha_followed is left 0). Rewards within
-// kRewardTie of the best are a tie, broken toward `prefer` (the α the nodes run now).
-inline constexpr double kRewardTie = 1e-9;
+// kRewardTie of the best (about one request in a thousand missing the SLO) are a tie, broken by
+// the lower window P99, then toward `prefer` (the α the nodes run now).
+inline constexpr double kRewardTie = 1e-3;
 absl::StatusOr<WindowOracle> SearchAlphaStar(Twin& twin, uint64_t window, absl::Duration from,
                                              absl::Duration to, double prefer,
                                              const OracleOptions& options);
@@ -87,12 +101,14 @@ absl::Status CheckOptions(const OracleOptions& options);
 struct TrackedWindow {
   uint64_t window = 0;
   double alpha_star = 0, reward_star = 0;
+  double p99_star_ms = 0;  // at α*
   bool unimodal = true;
-  std::vector<double> alphas;  // per node, the α the controllers run window t with
-  double gap = 0;              // mean over nodes of |α_n − α*_t|
-  double reward = 0;           // the window's reward as the controllers ran it
-  uint64_t requests = 0;       // sent in the window
-  std::vector<std::pair<double, double>> curve;  // the oracle's (α, reward), ascending α
+  std::vector<double> alphas;     // per node, the α the controllers run window t with
+  double gap = 0;                 // mean over nodes of |α_n − α*_t|
+  double reward = 0;              // the window's reward as the controllers ran it
+  double p99_ms = 0;              // and its P99
+  uint64_t requests = 0;          // sent in the window
+  std::vector<CurvePoint> curve;  // the oracle's, ascending α
 };
 struct Tracked {
   std::vector<TrackedWindow> windows;  // the windows searched that had requests

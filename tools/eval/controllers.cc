@@ -45,13 +45,15 @@ sim::OracleOptions Search(const Profile& p, bool quick) {
 // One tracked window, as a task writes it.
 struct WindowRow {
   double start_s = 0, alpha_star = 0, reward_star = 0, reward = 0, alpha_mean = 0, alpha_min = 0,
-         alpha_max = 0, gap = 0, requests = 0, unimodal = 0;
-  static constexpr size_t kFields = 10;
+         alpha_max = 0, gap = 0, requests = 0, unimodal = 0, p99_star_ms = 0, p99_ms = 0,
+         decided = 0;  // what chose α*: 0 the reward, 1 the P99 among tied rewards, 2 a full tie
+  static constexpr size_t kFields = 13;
   static constexpr char kCsvColumns[] =
-      "start_s,alpha_star,reward_star,reward,alpha_mean,alpha_min,alpha_max,gap,requests,unimodal";
+      "start_s,alpha_star,reward_star,reward,alpha_mean,alpha_min,alpha_max,gap,requests,unimodal,"
+      "p99_star_ms,p99_ms,decided";
   std::string Format() const {
     return FormatNumbers({start_s, alpha_star, reward_star, reward, alpha_mean, alpha_min,
-                          alpha_max, gap, requests, unimodal});
+                          alpha_max, gap, requests, unimodal, p99_star_ms, p99_ms, decided});
   }
 };
 
@@ -89,11 +91,30 @@ struct TrackedRun {
     r.decisions = d[2];
     for (size_t i = 2; i < lines.size(); ++i) {
       ASSIGN_OR_RETURN(const std::vector<double> v, ParseNumbers(lines[i], WindowRow::kFields));
-      r.windows.push_back({v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9]});
+      r.windows.push_back(
+          {v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11], v[12]});
     }
     return r;
   }
 };
+
+// What decided α* among the curve's points (sim::SearchAlphaStar's order): 0 a reward better than
+// every other by more than the tie, 1 the lowest P99 among tied rewards, 2 a tie in both (α* is
+// then the α the nodes ran: the window could not tell the candidates apart).
+double Decided(const std::vector<sim::CurvePoint>& curve) {
+  double top = -1e300, low = 1e300;
+  for (const sim::CurvePoint& p : curve) top = std::max(top, p.reward);
+  size_t near = 0, lowest = 0;
+  for (const sim::CurvePoint& p : curve) {
+    if (p.reward < top - sim::kRewardTie) continue;
+    ++near;
+    low = std::min(low, p.p99_ms);
+  }
+  for (const sim::CurvePoint& p : curve) {
+    lowest += p.reward >= top - sim::kRewardTie && p.p99_ms <= low + 1e-9;
+  }
+  return near == 1 ? 0 : lowest == 1 ? 1 : 2;
+}
 
 double Quantile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
@@ -145,7 +166,10 @@ Task TrackedTask(const EvalOptions& o, const Stamp& stamp, const Profile& p,
                              .alpha_max = *hi,
                              .gap = w.gap,
                              .requests = static_cast<double>(w.requests),
-                             .unimodal = w.unimodal ? 1.0 : 0.0});
+                             .unimodal = w.unimodal ? 1.0 : 0.0,
+                             .p99_star_ms = w.p99_star_ms,
+                             .p99_ms = w.p99_ms,
+                             .decided = Decided(w.curve)});
     }
     return out.Format();
   });
@@ -222,13 +246,16 @@ absl::Status Tracking(const EvalOptions& o, const Profile& p, Stamp& stamp) {
       absl::StrFormat("\nThe SmartAllocator (`hlem`: `%s` + adapter + recovery, from α %.1f) on "
                       "every node, behind the KV–EMB-aware router. %s\n\n",
                       kPolicy, kStartAlpha, SearchLine(p, o.quick)),
-      "| regime | windows | gap | regret | α\\* mean (min–max) | α mean | unimodal | P99 ms | SLO "
-      "|\n|---|---|---|---|---|---|---|---|---|\n");
+      "| regime | windows | gap | gap where the window told | regret | α\\* mean (min–max) | α "
+      "mean | unimodal | window P99 "
+      "at α\\* / HLEM ms | α\\* by reward / P99 / tie | P99 ms | SLO |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   // The plot: α* and the mean α per window, first seed, a block per regime.
   std::string dat;
   for (size_t r = 0; r < R; ++r) {
     Spread gap, regret, p99, slo;
-    double windows = 0, unimodal = 0, star = 0, star_lo = 1, star_hi = 0, alpha = 0;
+    double windows = 0, unimodal = 0, star = 0, star_lo = 1, star_hi = 0, alpha = 0, p99_star = 0,
+           p99_run = 0, by[3] = {0, 0, 0}, told_gap = 0;
     for (size_t k = 0; k < S; ++k) {
       const TrackedRun& t = runs[0][r][k];
       gap.Add(t.MeanGap());
@@ -242,6 +269,10 @@ absl::Status Tracking(const EvalOptions& o, const Profile& p, Stamp& stamp) {
         unimodal += w.unimodal;
         star += w.alpha_star;
         alpha += w.alpha_mean;
+        p99_star += w.p99_star_ms;
+        p99_run += w.p99_ms;
+        by[static_cast<int>(w.decided)] += 1;
+        if (w.decided < 2) told_gap += w.gap;
         star_lo = std::min(star_lo, w.alpha_star);
         star_hi = std::max(star_hi, w.alpha_star);
         if (k == 0) {
@@ -251,10 +282,16 @@ absl::Status Tracking(const EvalOptions& o, const Profile& p, Stamp& stamp) {
     }
     absl::StrAppend(&dat, "\n\n");
     const double nw = std::max(windows, 1.0);
+    const double told_n = by[0] + by[1];
+    const std::string told = told_n > 0 ? absl::StrFormat("%.3f (%.0f)", told_gap / told_n, told_n)
+                                        : std::string("— (0)");
     absl::StrAppendFormat(
-        &md, "| %s | %.0f | %s | %s | %.3f (%.2f–%.2f) | %.3f | %.0f %% | %s | %s %% |\n",
-        sim::RegimeName(Regimes()[r]), windows, gap.Text(3), regret.Text(4), star / nw, star_lo,
-        star_hi, alpha / nw, 100 * unimodal / nw, p99.Text(2), slo.Text(2));
+        &md,
+        "| %s | %.0f | %s | %s | %s | %.3f (%.2f–%.2f) | %.3f | %.0f %% | %.2f / %.2f "
+        "| %.0f / %.0f / %.0f %% | %s | %s %% |\n",
+        sim::RegimeName(Regimes()[r]), windows, gap.Text(3), told, regret.Text(4), star / nw,
+        star_lo, star_hi, alpha / nw, 100 * unimodal / nw, p99_star / nw, p99_run / nw,
+        100 * by[0] / nw, 100 * by[1] / nw, 100 * by[2] / nw, p99.Text(2), slo.Text(2));
   }
   absl::StrAppend(&md,
                   "\nTarget (ARCHITECTURE §12): gap ≤ 0.02 in every regime (the paper: 0.024–"
