@@ -339,6 +339,7 @@ TEST_F(EvalTest, ScaleGrowsTheLoadWithTheNodes) {
   EXPECT_GT(requests["4"], 1.5 * requests["2"]);  // twice the nodes, twice the requests
   const std::string md = Read(dir_ / "results" / "scale.md");
   EXPECT_THAT(md, HasSubstr("## Weak scaling"));
+  EXPECT_THAT(md, HasSubstr("2, 4 nodes"));  // the stamp names the sizes run
   EXPECT_THAT(md, HasSubstr("| 0.5 |"));
 }
 

@@ -82,6 +82,13 @@ absl::Status Scale(const EvalOptions& o, const Profile& p, Stamp& stamp) {
     base.warmup_s = 15;
   }
   const size_t N = sizes.size(), H = ratios.size(), S = o.seeds.size();
+  {  // the stamp names the sizes and traces of this experiment, not the profile's defaults
+    std::string list;
+    for (uint32_t n : sizes) absl::StrAppend(&list, list.empty() ? "" : ", ", n);
+    stamp.profile_line = absl::StrFormat(
+        "%s (%s; %s nodes, %.0f requests/s per node, %.0f s traces, the first %.0f s left out)",
+        p.name, p.note, list, p.rate_per_node, base.duration_s, base.warmup_s);
+  }
   std::vector<Task> trace_tasks;
   std::vector<Profile> profiles;  // per size
   for (uint32_t n : sizes) {
