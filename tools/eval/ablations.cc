@@ -53,12 +53,7 @@ struct Mean {
 }  // namespace
 
 absl::Status Ablations(const EvalOptions& o, const Profile& p, Stamp& stamp) {
-  std::vector<double> grid;
-  if (o.quick) {
-    grid = {0, 0.5, 0.8};
-  } else {
-    for (int i = 0; i <= 10; ++i) grid.push_back(i * 0.1);
-  }
+  const std::vector<double> grid = StaticGrid(o.quick);
   ASSIGN_OR_RETURN(const std::vector<std::string> traces, RegimeTraces(o, p, stamp));
   const size_t R = Regimes().size(), S = o.seeds.size(), G = grid.size(), N = Rungs().size();
   // Per trace: the grid behind the baseline router, then each rung but the first.

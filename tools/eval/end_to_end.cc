@@ -48,12 +48,7 @@ absl::Status EndToEnd(const EvalOptions& o, const Profile& p, Stamp& stamp) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--seeds: ", kTrainSeed, " is the seed of the deployable static α's training traces"));
   }
-  std::vector<double> grid;
-  if (o.quick) {
-    grid = {0, 0.5, 0.8};
-  } else {
-    for (int i = 0; i <= 10; ++i) grid.push_back(i * 0.1);
-  }
+  const std::vector<double> grid = StaticGrid(o.quick);
   // The paper's two depths; a quick run keeps the profile's own (0).
   const std::vector<int> models = o.quick ? std::vector<int>{0} : o.layers;
   if (models.empty()) return absl::InvalidArgumentError("--layers: give at least one depth");

@@ -338,6 +338,13 @@ absl::StatusOr<std::vector<std::string>> RegimeTraces(const EvalOptions& o, cons
   return traces;
 }
 
+std::vector<double> StaticGrid(bool quick) {
+  if (quick) return {0, 0.5, 0.8};
+  std::vector<double> grid;
+  for (int i = 0; i <= 10; ++i) grid.push_back(i * 0.1);
+  return grid;
+}
+
 size_t BestByReward(const std::vector<Figures>& f) {
   size_t best = 0;
   for (size_t i = 1; i < f.size(); ++i) {

@@ -135,6 +135,9 @@ struct Figures {
   static absl::StatusOr<Figures> Parse(const std::string& fields);
 };
 
+// The static αs the oracle static α is chosen from: 0, 0.1, …, 1 (quick: 0, 0.5, 0.8).
+std::vector<double> StaticGrid(bool quick);
+
 // Index of the best figures by reward, ties by P99 (the first of equal ones); 0 when empty.
 size_t BestByReward(const std::vector<Figures>& figures);
 
