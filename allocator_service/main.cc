@@ -51,7 +51,8 @@ std::string AdminAddress(const std::string& address, uint32_t admin_port) {
 int main(int argc, char** argv) {
   CLI::App app{"HLEM allocator"};
   std::string nodes_flag, listen = "127.0.0.1:0", metrics_listen = "127.0.0.1:0", ports_file,
-                          log_level = "info", controller = "hlem", weights, allocator_id;
+                          health_listen, log_level = "info", controller = "hlem", weights,
+                          allocator_id;
   double interval_s = 5, rpc_timeout_ms = 1000, alpha = 0.5, alpha_min = 0.1, alpha_max = 0.9,
          discovery_interval_s = 2;
   uint64_t epoch = 0;
@@ -84,8 +85,9 @@ int main(int argc, char** argv) {
   app.add_option("--allocator-id", allocator_id, "name in the nodes' logs (default host-pid)");
   app.add_option("--listen", listen, "gRPC address (port 0 = any free port)");
   app.add_option("--metrics-listen", metrics_listen, "Prometheus /metrics address ('' = off)");
+  app.add_option("--health-listen", health_listen, hlem::kHealthListenHelp);
   app.add_option("--ports-file", ports_file,
-                 "write 'grpc=<port>' and 'metrics=<port>' here once serving");
+                 "write 'grpc=<port>', 'metrics=<port>' and 'health=<port>' here once serving");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
   if (const std::optional<int> rc = hlem::ParseCommandLine(app, argc, argv)) return *rc;
 
@@ -161,10 +163,12 @@ int main(int argc, char** argv) {
                                                     .started_at = absl::Now()});
   hlem::GrpcServerOptions server_options;
   server_options.listen = listen;
+  server_options.health_listen = health_listen;
   auto server = hlem::GrpcServer::Create(server_options, {&service});
   if (!server.ok()) return Fail(server.status());
-  hlem::WritePortsFile(ports_file,
-                       {{"grpc", (*server)->port()}, {"metrics", exposer ? exposer->port() : 0}});
+  hlem::WritePortsFile(ports_file, {{"grpc", (*server)->port()},
+                                    {"metrics", exposer ? exposer->port() : 0},
+                                    {"health", (*server)->health_port()}});
   log->info("serving grpc_port={} controller={} interval_s={} epoch={} nodes={} discovery={}",
             (*server)->port(), controller, interval_s, epoch, (*allocator)->Nodes().size(),
             (*resolver)->target());

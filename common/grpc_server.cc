@@ -9,9 +9,12 @@
 #include <thread>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/ext/health_check_service_server_builder_option.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/impl/server_builder_option.h"
@@ -63,10 +66,32 @@ class PluginsOption : public grpc::ServerBuilderOption {
 
 }  // namespace
 
+// grpc.health.v1.Health/Check alone, for the health port (Watch: UNIMPLEMENTED; probes use Check).
+class HealthPortService final : public grpc::health::v1::Health::Service {
+ public:
+  grpc::Status Check(grpc::ServerContext*, const grpc::health::v1::HealthCheckRequest* request,
+                     grpc::health::v1::HealthCheckResponse* response) override {
+    absl::MutexLock lock(&mu_);
+    const auto it = status_.find(request->service());
+    if (it == status_.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown service");
+    response->set_status(it->second ? grpc::health::v1::HealthCheckResponse::SERVING
+                                    : grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+    return grpc::Status::OK;
+  }
+  void Set(const std::string& service, bool serving) {
+    absl::MutexLock lock(&mu_);
+    status_[service] = serving;
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, bool> status_ ABSL_GUARDED_BY(mu_);
+};
+
 absl::StatusOr<GrpcServer::Endpoint> GrpcServer::Build(const GrpcServerOptions& options,
                                                        const std::string& address,
                                                        const std::vector<grpc::Service*>& services,
-                                                       int* port) {
+                                                       int* port, HealthPortService* health) {
   if (address.empty()) return absl::InvalidArgumentError("grpc: empty listen address");
   grpc::EnableDefaultHealthCheckService(true);
   Endpoint endpoint;
@@ -86,6 +111,10 @@ absl::StatusOr<GrpcServer::Endpoint> GrpcServer::Build(const GrpcServerOptions& 
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
   builder.SetOption(std::make_unique<PluginsOption>(options.reflection, &endpoint.service_names));
   for (grpc::Service* service : services) builder.RegisterService(service);
+  if (health != nullptr) {
+    builder.SetOption(std::make_unique<grpc::HealthCheckServiceServerBuilderOption>(nullptr));
+    builder.RegisterService(health);
+  }
   endpoint.server = builder.BuildAndStart();
   if (endpoint.server == nullptr || *port == 0) {
     if (endpoint.server != nullptr) endpoint.server->Shutdown();
@@ -106,11 +135,23 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Create(
     if (!admin.ok()) return admin.status();  // ~GrpcServer stops the public server
     server->admin_ = std::move(*admin);
   }
+  if (!options.health_listen.empty()) {
+    GrpcServerOptions health_options = options;
+    health_options.reflection = false;
+    server->health_service_ = std::make_unique<HealthPortService>();
+    auto health = Build(health_options, options.health_listen, {}, &server->health_port_,
+                        server->health_service_.get());
+    if (!health.ok()) return health.status();
+    server->health_ = std::move(*health);
+    server->health_service_->Set(kLivenessService, true);
+  }
   server->SetServing(true);
-  GetLogger("grpc")->info("grpc_listening port={} admin_port={}", server->port_,
-                          server->admin_port_);
+  GetLogger("grpc")->info("grpc_listening port={} admin_port={} health_port={}", server->port_,
+                          server->admin_port_, server->health_port_);
   return server;
 }
+
+GrpcServer::GrpcServer(const GrpcServerOptions& options) : options_(options) {}
 
 GrpcServer::~GrpcServer() { Shutdown(); }
 
@@ -121,6 +162,11 @@ void GrpcServer::SetServing(bool serving) {
     if (health == nullptr) continue;
     for (const std::string& name : e->service_names) health->SetServingStatus(name, serving);
     health->SetServingStatus(serving);
+  }
+  // The health port reports the public services (it serves none of its own).
+  if (health_service_ != nullptr) {
+    for (const std::string& name : public_.service_names) health_service_->Set(name, serving);
+    health_service_->Set("", serving);
   }
 }
 
@@ -142,6 +188,8 @@ void GrpcServer::Shutdown() {
   }
   if (public_.server != nullptr) public_.server->Shutdown(deadline);
   if (admin_drain.joinable()) admin_drain.join();
+  // Last, so probes see NOT_SERVING (readiness) and the liveness service until the drain is over.
+  if (health_.server != nullptr) health_.server->Shutdown(absl::ToChronoTime(absl::Now()));
   absl::MutexLock lock(&mu_);
   state_ = State::kStopped;
 }

@@ -27,16 +27,30 @@
 
 namespace hlem {
 
+class HealthPortService;  // grpc_server.cc
+
 struct GrpcServerOptions {
   std::string listen = "127.0.0.1:0";  // frontend-facing services; port 0 picks a free one
   std::string admin_listen;            // "" = no admin port; "127.0.0.1:0" allowed
-  int max_message_bytes = 64 << 20;    // send and receive
+  // "" = none. A plaintext port serving only grpc.health.v1.Health, for Kubernetes probes (which
+  // cannot speak TLS) and load balancers: "" and every public service name report the public
+  // port's status (NOT_SERVING while draining: readiness); kLivenessService stays SERVING until
+  // the process stops (liveness: a draining process is alive).
+  std::string health_listen;
+  int max_message_bytes = 64 << 20;  // send and receive
   absl::Duration keepalive_time = absl::Seconds(30), keepalive_timeout = absl::Seconds(10);
   absl::Duration max_connection_age = absl::Minutes(30),
                  max_connection_age_grace = absl::Seconds(30);
   absl::Duration drain_timeout = absl::Seconds(10);  // in-flight RPCs are cancelled after it
   bool reflection = true;                            // on both ports
 };
+
+// The health service name a liveness probe asks for on the health port.
+inline constexpr char kLivenessService[] = "liveness";
+// Every binary's --health-listen help text (GrpcServerOptions::health_listen).
+inline constexpr char kHealthListenHelp[] =
+    "plaintext gRPC health-only address for probes ('' = off): service '' = ready, 'liveness' = "
+    "alive";
 
 class GrpcServer {
  public:
@@ -48,7 +62,8 @@ class GrpcServer {
   ~GrpcServer();  // Shutdown()
 
   int port() const { return port_; }
-  int admin_port() const { return admin_port_; }  // 0 when there is no admin server
+  int admin_port() const { return admin_port_; }    // 0 when there is no admin server
+  int health_port() const { return health_port_; }  // 0 when there is no health server
 
   // Health status of "" and of every service name, on both ports.
   void SetServing(bool serving);
@@ -63,15 +78,20 @@ class GrpcServer {
     std::unique_ptr<grpc::Server> server;
     std::vector<std::string> service_names;
   };
-  explicit GrpcServer(const GrpcServerOptions& options) : options_(options) {}
+  explicit GrpcServer(const GrpcServerOptions& options);  // out of line: HealthPortService
+  // `health` = nullptr: gRPC's default health service; otherwise that service alone (the
+  // default one is off there: a server without methods of its own cannot start).
   static absl::StatusOr<Endpoint> Build(const GrpcServerOptions& options,
                                         const std::string& address,
-                                        const std::vector<grpc::Service*>& services, int* port);
+                                        const std::vector<grpc::Service*>& services, int* port,
+                                        HealthPortService* health = nullptr);
 
   const GrpcServerOptions options_;
-  Endpoint public_, admin_;
+  std::unique_ptr<HealthPortService> health_service_;  // outlives the servers below
+  Endpoint public_, admin_, health_;
   int port_ = 0;
   int admin_port_ = 0;
+  int health_port_ = 0;
   absl::Mutex mu_;
   enum class State { kServing, kDraining, kStopped };
   State state_ ABSL_GUARDED_BY(mu_) = State::kServing;

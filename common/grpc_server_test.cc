@@ -304,6 +304,43 @@ TEST(GrpcServerCreateTest, NoAdminPortByDefault) {
   auto server = GrpcServer::Create(GrpcServerOptions{}, {});
   ASSERT_TRUE(server.ok()) << server.status();
   EXPECT_EQ((*server)->admin_port(), 0);
+  EXPECT_EQ((*server)->health_port(), 0);
+}
+
+TEST_F(GrpcServerTest, HealthPortReportsThePublicServicesAndServesNothingElse) {
+  Start({.health_listen = "127.0.0.1:0"});
+  const int port = server_->health_port();
+  ASSERT_GT(port, 0);
+  EXPECT_EQ(Health(port, ""), kServing);
+  EXPECT_EQ(Health(port, "hlem.test.Echo"), kServing);
+  EXPECT_EQ(Health(port, kLivenessService), kServing);
+  EXPECT_EQ(Health(port, "hlem.test.EchoAdmin"), -grpc::StatusCode::NOT_FOUND);
+  test::EchoResponse response;
+  EXPECT_EQ(CallEcho<test::Echo>(port, Request("hi"), &response).error_code(),
+            grpc::StatusCode::UNIMPLEMENTED);
+  grpc::StatusCode code;
+  EXPECT_EQ(ListServicesViaReflection(port, &code), "");  // no reflection there either
+  server_->SetServing(false);
+  EXPECT_EQ(Health(port, ""), kNotServing);
+  EXPECT_EQ(Health(port, kLivenessService), kServing);
+}
+
+TEST_F(GrpcServerTest, WhileDrainingTheHealthPortIsNotReadyButAlive) {
+  Start({.health_listen = "127.0.0.1:0"});
+  const int port = server_->health_port();
+  test::EchoResponse response;
+  grpc::Status status;
+  std::thread client(
+      [&] { status = CallEcho<test::Echo>(server_->port(), Request("slow", 800), &response); });
+  while (echo_.started() == 0) absl::SleepFor(absl::Milliseconds(5));
+  std::thread stopper([&] { server_->Shutdown(); });
+  absl::SleepFor(absl::Milliseconds(200));  // draining: the slow RPC holds the public port open
+  EXPECT_EQ(Health(port, ""), kNotServing);
+  EXPECT_EQ(Health(port, kLivenessService), kServing);
+  stopper.join();
+  client.join();
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(Health(port, kLivenessService), -grpc::StatusCode::UNAVAILABLE);
 }
 
 }  // namespace

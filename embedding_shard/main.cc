@@ -31,20 +31,27 @@ int Fail(const absl::Status& status) {
 int main(int argc, char** argv) {
   CLI::App app{"HLEM embedding shard server"};
   std::string config_path, listen = "127.0.0.1:0", metrics_listen = "127.0.0.1:0", ports_file,
-                           log_level = "info";
+                           log_level = "info", health_listen;
   uint32_t shard_index = 0;
   app.add_option("--config", config_path, "cluster config YAML (tables, shard map, ucx)")
       ->required();
   app.add_option("--shard-index", shard_index, "which shard of the map this server holds");
   app.add_option("--listen", listen, "gRPC address (port 0 = any free port)");
   app.add_option("--metrics-listen", metrics_listen, "Prometheus /metrics address ('' = off)");
+  app.add_option("--health-listen", health_listen, hlem::kHealthListenHelp);
   app.add_option("--ports-file", ports_file,
-                 "write 'grpc=<port>' and 'metrics=<port>' here once serving");
+                 "write 'grpc=<port>', 'metrics=<port>' and 'health=<port>' here once serving");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  bool check_config = false;
+  app.add_flag("--check-config", check_config,
+               "load and validate the config, print a summary, exit: 0 if valid, 2 naming the "
+               "field if not");
   if (const std::optional<int> rc = hlem::ParseCommandLine(app, argc, argv)) return *rc;
 
   hlem::InstallShutdownSignals();
-  if (auto s = hlem::InitLogging({.level = log_level}); !s.ok()) return Fail(s);
+  if (auto s = hlem::InitLogging({.level = check_config ? "warn" : log_level}); !s.ok()) {
+    return Fail(s);
+  }
   auto log = hlem::GetLogger("embedding_shard");
 
   auto config = hlem::shard::LoadShardClusterConfig(config_path);
@@ -53,6 +60,12 @@ int main(int argc, char** argv) {
     return Fail(absl::InvalidArgumentError(absl::StrCat("--shard-index ", shard_index,
                                                         " must be < shard_map.num_shards ",
                                                         config->map.num_shards)));
+  }
+  if (check_config) {
+    std::printf("%s: valid (%u shards, %zu tables, ucx %s)\n", config_path.c_str(),
+                static_cast<unsigned>(config->map.num_shards), config->tables.size(),
+                config->ucx.enabled ? "on" : "off");
+    return 0;
   }
 
   std::unique_ptr<hlem::shard::UcxShardServer> ucx;
@@ -97,12 +110,14 @@ int main(int argc, char** argv) {
                                         metrics);
   hlem::GrpcServerOptions server_options;
   server_options.listen = listen;
+  server_options.health_listen = health_listen;
   server_options.max_message_bytes = 256 << 20;
   auto server = hlem::GrpcServer::Create(server_options, {&service});
   if (!server.ok()) return Fail(server.status());
 
-  hlem::WritePortsFile(ports_file,
-                       {{"grpc", (*server)->port()}, {"metrics", exposer ? exposer->port() : 0}});
+  hlem::WritePortsFile(ports_file, {{"grpc", (*server)->port()},
+                                    {"metrics", exposer ? exposer->port() : 0},
+                                    {"health", (*server)->health_port()}});
   log->info("serving shard={} grpc_port={} metrics_port={} ucx={}", shard_index, (*server)->port(),
             exposer ? exposer->port() : 0, ucx != nullptr);
 

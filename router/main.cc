@@ -43,7 +43,8 @@ int Fail(const absl::Status& status) {
 int main(int argc, char** argv) {
   CLI::App app{"HLEM router"};
   std::string nodes_flag, listen = "127.0.0.1:0", metrics_listen = "127.0.0.1:0", ports_file,
-                          log_level = "info", policy = "hlem", all_overloaded = "least_loaded";
+                          health_listen, log_level = "info", policy = "hlem",
+                          all_overloaded = "least_loaded";
   double tau = 0.85, epsilon = 0.05, c_kv = 1, c_emb = 1, c_load = 1, speculative_ttl_ms = 2000,
          max_report_age_ms = 3000, in_flight_capacity = 64, startup_timeout_s = 60;
   uint64_t seed = 1;
@@ -76,8 +77,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"shards", "events"}));
   app.add_option("--listen", listen, "gRPC address (port 0 = any free port)");
   app.add_option("--metrics-listen", metrics_listen, "Prometheus /metrics address ('' = off)");
+  app.add_option("--health-listen", health_listen, hlem::kHealthListenHelp);
   app.add_option("--ports-file", ports_file,
-                 "write 'grpc=<port>' and 'metrics=<port>' here once serving");
+                 "write 'grpc=<port>', 'metrics=<port>' and 'health=<port>' here once serving");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
   app.add_option("--policy", policy,
                  "hlem | round_robin | least_loaded | user_hash | kv_only | emb_only");
@@ -203,14 +205,16 @@ int main(int argc, char** argv) {
 
   hlem::GrpcServerOptions server_options;
   server_options.listen = listen;
+  server_options.health_listen = health_listen;
   server_options.max_message_bytes = 64 << 20;
   // In-flight Recommend calls carry deadlines of the order of the SLO; a longer grace would only
   // wait for idle client channels to answer the GOAWAY (docs/node.md, SIGTERM).
   server_options.drain_timeout = absl::Seconds(drain_seconds);
   auto server = hlem::GrpcServer::Create(server_options, {&service});
   if (!server.ok()) return Fail(server.status());
-  hlem::WritePortsFile(ports_file,
-                       {{"grpc", (*server)->port()}, {"metrics", exposer ? exposer->port() : 0}});
+  hlem::WritePortsFile(ports_file, {{"grpc", (*server)->port()},
+                                    {"metrics", exposer ? exposer->port() : 0},
+                                    {"health", (*server)->health_port()}});
   log->info("serving grpc_port={} policy={} nodes={} discovery={}", (*server)->port(), policy,
             links.size(), (*resolver)->target());
   (*membership)->Start();

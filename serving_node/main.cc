@@ -52,15 +52,18 @@ int main(int argc, char** argv) {
   const std::string compute_note = hlem::serving::TuneComputeProcess(argv);  // may re-exec
   CLI::App app{"HLEM serving node"};
   std::string config_path, listen = "127.0.0.1:0", admin_listen = "127.0.0.1:0",
-                           metrics_listen = "127.0.0.1:0", ports_file, log_level = "info", node_id;
+                           metrics_listen = "127.0.0.1:0", ports_file, log_level = "info", node_id,
+                           health_listen;
   app.add_option("--config", config_path, "node config YAML (node, memory, model, shards)")
       ->required();
   app.add_option("--node-id", node_id, "overrides node.id");
   app.add_option("--listen", listen, "serving gRPC address (port 0 = any free port)");
   app.add_option("--admin-listen", admin_listen, "admin gRPC address (SetAlpha, Drain, Snapshot)");
   app.add_option("--metrics-listen", metrics_listen, "Prometheus /metrics address ('' = off)");
+  app.add_option("--health-listen", health_listen, hlem::kHealthListenHelp);
   app.add_option("--ports-file", ports_file,
-                 "write 'grpc=<port>', 'admin=<port>' and 'metrics=<port>' here once serving");
+                 "write 'grpc=<port>', 'admin=<port>', 'metrics=<port>' and 'health=<port>' here "
+                 "once serving");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
   double drain_seconds = 10;
   app.add_option("--drain-timeout", drain_seconds,
@@ -70,10 +73,16 @@ int main(int argc, char** argv) {
   app.add_option("--shard-servers", shard_servers,
                  "gRPC address per shard index (overrides shards.servers)")
       ->delimiter(',');
+  bool check_config = false;
+  app.add_flag("--check-config", check_config,
+               "load and validate the config (and its shards file), print a summary, exit: 0 if "
+               "valid, 2 naming the field if not");
   if (const std::optional<int> rc = hlem::ParseCommandLine(app, argc, argv)) return *rc;
 
   hlem::InstallShutdownSignals();
-  if (auto s = hlem::InitLogging({.level = log_level}); !s.ok()) return Fail(s);
+  if (auto s = hlem::InitLogging({.level = check_config ? "warn" : log_level}); !s.ok()) {
+    return Fail(s);
+  }
   auto log = hlem::GetLogger("serving_node");
   log->info("compute: {}", compute_note);
   auto config = hlem::serving::LoadNodeConfig(config_path);
@@ -86,6 +95,12 @@ int main(int argc, char** argv) {
                        config->shards.map.num_shards, " shards")));
     }
     config->shard_servers = shard_servers;
+  }
+  if (check_config) {
+    std::printf("%s: valid (node %s, %s pool, %zu shards, %d-layer model)\n", config_path.c_str(),
+                config->node.node_id.c_str(), config->device.c_str(),
+                static_cast<size_t>(config->shards.map.num_shards), config->model.layers);
+    return 0;
   }
   hlem::serving::SetComputeThreads(config->compute_threads);
 
@@ -136,6 +151,7 @@ int main(int argc, char** argv) {
   hlem::GrpcServerOptions server_options;
   server_options.listen = listen;
   server_options.admin_listen = admin_listen;
+  server_options.health_listen = health_listen;
   server_options.max_message_bytes = 64 << 20;
   // The node drains admitted requests itself (Node::Drain below); after that the gRPC server only
   // has responses to flush. Its shutdown otherwise waits for idle client channels to answer the
@@ -153,7 +169,8 @@ int main(int argc, char** argv) {
 
   hlem::WritePortsFile(ports_file, {{"grpc", (*server)->port()},
                                     {"admin", (*server)->admin_port()},
-                                    {"metrics", exposer ? exposer->port() : 0}});
+                                    {"metrics", exposer ? exposer->port() : 0},
+                                    {"health", (*server)->health_port()}});
   log->info(
       "serving node={} epoch={} grpc_port={} admin_port={} metrics_port={} pool_bytes={} "
       "alpha={} model={}",
