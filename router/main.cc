@@ -105,6 +105,11 @@ int main(int argc, char** argv) {
   app.add_option("--retry", retry, "retry once on the next-best node when a node is unavailable");
   app.add_option("--seed", seed, "tie-breaking seed");
   app.add_option("--startup-timeout-s", startup_timeout_s, "wait this long for the nodes");
+  double slo_ms = 25;
+  app.add_option("--slo-ms", slo_ms,
+                 "latency objective of a Recommend answer, for SLO attainment in the metrics "
+                 "(hlem_router_slo_requests_total; the local profile's 25 ms by default)")
+      ->check(CLI::Range(0.001, 600000.0));
   double drain_seconds = 2;
   app.add_option("--drain-timeout", drain_seconds,
                  "seconds SIGTERM waits for Recommend calls in flight")
@@ -163,7 +168,7 @@ int main(int argc, char** argv) {
   if (!cluster.ok()) return Fail(cluster.status());
 
   hlem::MetricsRegistry registry;
-  hlem::router::RouterMetrics metrics(registry, options.policy);
+  hlem::router::RouterMetrics metrics(registry, options.policy, slo_ms / 1e3);
   std::unique_ptr<hlem::MetricsExposer> exposer;
   if (!metrics_listen.empty()) {
     auto created = hlem::MetricsExposer::Create(metrics_listen, registry);

@@ -55,7 +55,28 @@ struct Member {
   pid_t pid = 0;
   int port = 0;
   std::string binary, log;
+  int metrics_port = 0;  // 0: none
 };
+
+// Prometheus file-based service discovery (deploy/observability/prometheus/prometheus-local.yml
+// reads it): every process's /metrics with the labels the Kubernetes scrape config gives its pods.
+bool WritePrometheusTargets(const std::string& path, const std::vector<Member>& members) {
+  std::vector<std::string> groups;
+  for (const Member& m : members) {
+    if (m.metrics_port == 0) continue;
+    const std::string component = m.role == "shard"  ? "embedding-shard"
+                                  : m.role == "node" ? "serving-node"
+                                                     : m.role;
+    groups.push_back(absl::StrCat("  {\"targets\": [\"127.0.0.1:", m.metrics_port,
+                                  "\"], \"labels\": {\"component\": \"", component,
+                                  "\", \"pod\": \"", m.name, "\"}}"));
+  }
+  const std::string tmp = path + ".tmp";
+  std::ofstream out(tmp);
+  out << "[\n" << absl::StrJoin(groups, ",\n") << "\n]\n";
+  out.close();
+  return out.good() && std::rename(tmp.c_str(), path.c_str()) == 0;
+}
 
 std::string StatePath(const std::string& run_dir) { return run_dir + "/cluster.state"; }
 
@@ -166,6 +187,8 @@ int Up(const ClusterFlags& f) {
       return false;
     }
     members.push_back({role, name, started.back().pid(), *port, binary, log});
+    // Written with the grpc port: present now. 0 when the process serves no metrics.
+    members.back().metrics_port = WaitForPort(ports, "metrics", absl::Seconds(1)).value_or(0);
     std::printf("  %-7s %-8s 127.0.0.1:%-6d pid %-7d log %s\n", role.c_str(), name.c_str(), *port,
                 started.back().pid(), log.c_str());
     return true;
@@ -208,6 +231,12 @@ int Up(const ClusterFlags& f) {
   state.close();
   if (!state) {
     std::fprintf(stderr, "hlem cluster up: cannot write %s\n", StatePath(f.run_dir).c_str());
+    for (auto it = started.rbegin(); it != started.rend(); ++it) it->Stop(absl::Seconds(10));
+    return 1;
+  }
+  const std::string targets = f.run_dir + "/prometheus-targets.json";
+  if (!WritePrometheusTargets(targets, members)) {
+    std::fprintf(stderr, "hlem cluster up: cannot write %s\n", targets.c_str());
     for (auto it = started.rbegin(); it != started.rend(); ++it) it->Stop(absl::Seconds(10));
     return 1;
   }

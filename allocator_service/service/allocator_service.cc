@@ -146,6 +146,10 @@ AllocatorMetrics::AllocatorMetrics(MetricsRegistry& r)
                      .Name("hlem_allocator_decisions_total")
                      .Help("Decisions by reason (policy, recovery, baseline, no_state)")
                      .Register(*r.registry())),
+      last_decision_(prometheus::BuildGauge()
+                         .Name("hlem_allocator_last_decision")
+                         .Help("α chosen by the node's last decision, labelled with its reason")
+                         .Register(*r.registry())),
       decision_latency_(prometheus::BuildHistogram()
                             .Name("hlem_allocator_decision_duration_seconds")
                             .Help("Controller time of one node decision (no RPC)")
@@ -188,6 +192,12 @@ void AllocatorMetrics::AfterRound(const RoundStats& round, Allocator& allocator,
   for (const DecisionRecord& r : allocator.Decisions("", 100000, last_id_, &gap)) {
     last_id_ = std::max(last_id_, r.decision_id);
     decisions_.Add({{"reason", ReasonName(r.reason)}}).Increment();
+    const std::string reason(ReasonName(r.reason));
+    if (auto it = last_reason_.find(r.node_id); it != last_reason_.end() && it->second != reason) {
+      last_decision_.Remove(&last_decision_.Add({{"node", r.node_id}, {"reason", it->second}}));
+    }
+    last_reason_[r.node_id] = reason;
+    last_decision_.Add({{"node", r.node_id}, {"reason", reason}}).Set(r.alpha_after);
     decision_latency_.Observe(static_cast<double>(r.latency_ns) * 1e-9);
     log->info(
         "decision id={} node={} window={} controller={} reason={} alpha_before={:.3f} "

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "allocator_service/core/allocator.h"
@@ -45,7 +46,8 @@ class AllocatorServiceImpl final : public hlem::v1::Allocator::Service {
 // hlem_allocator_alpha{node}, hlem_allocator_node_reachable{node}, hlem_allocator_decisions_total
 // {reason}, hlem_allocator_decision_duration_seconds, hlem_allocator_round_duration_seconds,
 // hlem_allocator_poll_failures_total, hlem_allocator_push_failures_total,
-// hlem_allocator_nodes.
+// hlem_allocator_nodes, hlem_allocator_last_decision{node,reason} (the α the node's last decision
+// chose, labelled with its reason; one series per node).
 class AllocatorMetrics {
  public:
   explicit AllocatorMetrics(MetricsRegistry& registry);
@@ -57,6 +59,7 @@ class AllocatorMetrics {
   prometheus::Family<prometheus::Gauge>& alpha_;
   prometheus::Family<prometheus::Gauge>& reachable_;
   prometheus::Family<prometheus::Counter>& decisions_;
+  prometheus::Family<prometheus::Gauge>& last_decision_;
   prometheus::Histogram& decision_latency_;
   prometheus::Histogram& round_latency_;
   prometheus::Counter& poll_failures_;
@@ -64,6 +67,7 @@ class AllocatorMetrics {
   prometheus::Gauge& nodes_;
   absl::Mutex mu_;
   uint64_t last_id_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<std::string, std::string> last_reason_ ABSL_GUARDED_BY(mu_);  // by node
 };
 
 }  // namespace hlem::allocator

@@ -219,6 +219,24 @@ for (const w of workloads) {
   }
 }
 
+// The routers count SLO attainment against the SLO the nodes are configured with.
+for (const w of workloads) {
+  for (const c of w.spec.template.spec.containers) {
+    if (!c.image.startsWith("hlem/router:")) continue;
+    const routerSlo = Number(flagValue(c, "--slo-ms") ?? 25);  // the router's default
+    for (const cm of Object.values(configMaps)) {
+      for (const [key, text] of Object.entries(cm.data ?? {})) {
+        if (!key.endsWith(".yaml")) continue;
+        const slo = parseYaml(text)?.node?.slo;
+        const m = typeof slo === "string" && slo.match(/^([0-9.]+)ms$/);
+        if (m && Number(m[1]) !== routerSlo) {
+          fail(`${name(w)} container ${c.name}`, `--slo-ms ${routerSlo} but ${cm.metadata.name} ${key} has node.slo ${slo}`);
+        }
+      }
+    }
+  }
+}
+
 for (const s of docs.filter((o) => o.kind === "Service")) {
   const pods = podsSelectedBy(s.spec.selector);
   if (!pods.length) fail(name(s), "selects no workload");

@@ -27,7 +27,7 @@ prometheus::Family<prometheus::Histogram>& Build(MetricsRegistry& r, const char*
 
 }  // namespace
 
-RouterMetrics::RouterMetrics(MetricsRegistry& r, PolicyKind policy)
+RouterMetrics::RouterMetrics(MetricsRegistry& r, PolicyKind policy, double slo_seconds)
     : policy_(PolicyName(policy)),
       decisions_(Build<prometheus::Counter>(r, "hlem_router_decisions_total",
                                             "Routing decisions by policy and reason")),
@@ -35,7 +35,7 @@ RouterMetrics::RouterMetrics(MetricsRegistry& r, PolicyKind policy)
                                                      "Time of one routing decision")
                             .Add({}, ExponentialBuckets(1e-7, 2, 16))),
       locality_(Build<prometheus::Counter>(
-          r, "hlem_router_locality_sum",
+          r, "hlem_router_locality_score_total",
           "Sum of h_kv / h_emb of the chosen node and of the best routable node")),
       kv_chosen_(&locality_.Add({{"signal", "kv"}, {"of", "chosen"}})),
       kv_best_(&locality_.Add({{"signal", "kv"}, {"of", "best"}})),
@@ -45,7 +45,13 @@ RouterMetrics::RouterMetrics(MetricsRegistry& r, PolicyKind policy)
                                            "Recommend answers by gRPC status code")),
       request_latency_(Build<prometheus::Histogram>(r, "hlem_router_request_duration_seconds",
                                                     "Recommend latency at the router")
-                           .Add({}, LatencyBuckets(0))),
+                           .Add({}, LatencyBuckets(slo_seconds))),
+      slo_seconds_(slo_seconds),
+      slo_requests_(Build<prometheus::Counter>(
+          r, "hlem_router_slo_requests_total",
+          "Recommend answers: OK within the SLO at the router (met) or not (missed)")),
+      slo_met_(&slo_requests_.Add({{"result", "met"}})),
+      slo_missed_(&slo_requests_.Add({{"result", "missed"}})),
       node_load_(Build<prometheus::Gauge>(r, "hlem_router_node_load", "l(n) used for routing")),
       node_view_(Build<prometheus::Gauge>(
           r, "hlem_router_node_view",
@@ -63,7 +69,12 @@ RouterMetrics::RouterMetrics(MetricsRegistry& r, PolicyKind policy)
               .Add({})),
       weights_(Build<prometheus::Gauge>(
           r, "hlem_router_weight",
-          "The scorer's weights w_kv, w_emb, w_ld (configured, or calibrated online)")) {}
+          "The scorer's weights w_kv, w_emb, w_ld (configured, or calibrated online)")) {
+  Build<prometheus::Gauge>(r, "hlem_router_slo_seconds",
+                           "The latency objective SLO attainment is counted against")
+      .Add({})
+      .Set(slo_seconds);
+}
 
 void RouterMetrics::ObserveDecision(const Decision& d, double seconds) {
   decisions_.Add({{"policy", policy_}, {"reason", ReasonName(d.reason)}}).Increment();
@@ -79,6 +90,7 @@ void RouterMetrics::ObserveRecommend(int code, double seconds) {
   requests_.Add({{"code", absl::StatusCodeToString(static_cast<absl::StatusCode>(code))}})
       .Increment();
   request_latency_.Observe(seconds);
+  (code == 0 && seconds <= slo_seconds_ ? slo_met_ : slo_missed_)->Increment();
 }
 
 void RouterMetrics::Refresh(const Cluster& cluster) {

@@ -4,7 +4,9 @@
 // available (sums of h_kv and h_emb: their ratio is the locality given up for load); and, refreshed
 // from the cluster once a second, each node's load and view (a node that left loses its series),
 // event counters (applied, ignored, gaps, snapshots, epoch resets, filter full), cached profiles,
-// index memory and the scorer's weights. Thread-safe.
+// index memory and the scorer's weights. SLO attainment: hlem_router_slo_requests_total{result=
+// met|missed} (met: OK within the SLO at the router), hlem_router_slo_seconds, and the latency
+// histogram has a bucket at the SLO. Thread-safe.
 
 #include <string>
 #include <vector>
@@ -21,7 +23,7 @@ namespace hlem::router {
 
 class RouterMetrics {
  public:
-  RouterMetrics(MetricsRegistry& registry, PolicyKind policy);
+  RouterMetrics(MetricsRegistry& registry, PolicyKind policy, double slo_seconds);
   void ObserveDecision(const Decision& d, double seconds);
   void ObserveRecommend(int code, double seconds);
   void Refresh(const Cluster& cluster);
@@ -37,6 +39,10 @@ class RouterMetrics {
   prometheus::Counter* emb_best_;
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Histogram& request_latency_;
+  const double slo_seconds_;
+  prometheus::Family<prometheus::Counter>& slo_requests_;
+  prometheus::Counter* slo_met_;
+  prometheus::Counter* slo_missed_;
   prometheus::Family<prometheus::Gauge>& node_load_;
   prometheus::Family<prometheus::Gauge>& node_view_;
   prometheus::Family<prometheus::Gauge>& node_users_;

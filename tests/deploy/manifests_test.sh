@@ -57,6 +57,13 @@ for overlay in small paper; do
   [ "$found" -ge 2 ] || fail "$overlay: expected a node.yaml and a shards.yaml in its ConfigMaps"
 done
 
+echo "--- deploy/observability"
+kubectl kustomize "$src/deploy/observability" > "$work/observability.yaml"
+check "$work/observability.yaml" "$work/observability-config"
+for key in prometheus.yml hlem-recording.yml hlem-alerts.yml hlem-overview.json hlem-routing.json; do
+  ls "$work"/observability-config/*/"$key" > /dev/null || fail "observability: no ConfigMap key $key"
+done
+
 echo "--- the checks reject broken manifests"
 base="$work/small.yaml"
 broken() {  # broken DESCRIPTION EXPECTED-MESSAGE SED-EXPRESSION
@@ -78,4 +85,5 @@ broken "the admin port open to all" "opens the admin port" 's|^    - port: metri
 broken "a grace period shorter than preStop + drain" "terminationGracePeriodSeconds" \
   's|terminationGracePeriodSeconds: 10|terminationGracePeriodSeconds: 6|'
 broken "a schema error" "must be integer" 's|containerPort: 9464|containerPort: "9464"|'
+broken "a router SLO other than the nodes'" "node.slo" 's|--drain-timeout=2|--slo-ms=40|'
 echo "PASS"

@@ -158,7 +158,7 @@ TEST_F(RouterIntegrationTest, ReturningUsersGoBackToTheirKvAndFailOverWhenANodeG
   const std::string metrics = testing::ScrapeMetrics(metrics_port_);
   for (const char* line : {"hlem_router_requests_total{code=\"OK\"} 12",
                            "hlem_router_decision_duration_seconds_count 12",
-                           "hlem_router_locality_sum{of=\"chosen\",signal=\"kv\"} 6",
+                           "hlem_router_locality_score_total{of=\"chosen\",signal=\"kv\"} 6",
                            // too few answers to calibrate yet: the configured share
                            "hlem_router_weight{signal=\"load\"} 0.333"}) {
     EXPECT_NE(metrics.find(line), std::string::npos) << line << "\n" << metrics.substr(0, 4000);
