@@ -12,10 +12,14 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/metrics.h"
+#include "common/process.h"
 #include "sim/workload/trace.h"
 #include "sim/workload/workload.h"
 #include "tools/commands.h"
+#include "tools/loadgen/loadgen_metrics.h"
 #include "tools/loadgen/replayer.h"
 #include "tools/loadgen/summary.h"
 
@@ -23,8 +27,9 @@ namespace hlem::tools {
 namespace {
 
 struct LoadgenFlags {
-  std::string trace, router, mode = "full", csv, windows_csv, phases_csv;
-  double speed = 1, deadline_ms = 1000, slo_ms = 50, window_s = 0, warmup_s = 0;
+  std::string trace, router, mode = "full", csv, windows_csv, phases_csv, metrics_listen,
+                             ports_file;
+  double speed = 1, deadline_ms = 1000, slo_ms = 50, window_s = 0, warmup_s = 0, metrics_hold_s = 0;
   uint64_t limit = 0;
   uint32_t max_in_flight = 4096;
   bool fail_on_error = false, quiet = false;
@@ -49,6 +54,21 @@ int Loadgen(const LoadgenFlags& f) {
   const std::vector<loadgen::PhaseSpan> phases = config.ok()
                                                      ? loadgen::PhaseSpans(config->phases, f.speed)
                                                      : std::vector<loadgen::PhaseSpan>{};
+  // Per-regime metrics of what the client sees, for Prometheus (tools/loadgen/loadgen_metrics.h).
+  MetricsRegistry registry;
+  std::unique_ptr<MetricsExposer> exposer;
+  std::unique_ptr<loadgen::LoadgenMetrics> metrics;
+  if (!f.metrics_listen.empty()) {
+    auto created = MetricsExposer::Create(f.metrics_listen, registry);
+    if (!created.ok()) {
+      std::fprintf(stderr, "hlem loadgen: --metrics-listen: %s\n",
+                   std::string(created.status().message()).c_str());
+      return 2;
+    }
+    exposer = std::move(*created);
+    metrics = std::make_unique<loadgen::LoadgenMetrics>(registry, phases, f.slo_ms);
+    WritePortsFile(f.ports_file, {{"metrics", exposer->port()}});
+  }
   const double total = f.limit > 0 ? static_cast<double>(f.limit) : 0;
   loadgen::ReplayOptions options{.router = f.router,
                                  .speed = f.speed,
@@ -56,6 +76,7 @@ int Loadgen(const LoadgenFlags& f) {
                                  .deadline = absl::Microseconds(f.deadline_ms * 1e3),
                                  .max_in_flight = f.max_in_flight,
                                  .delta = f.mode == "delta"};
+  if (metrics) options.on_outcome = [&metrics](const loadgen::Outcome& o) { metrics->Observe(o); };
   const double duration_s = static_cast<double>((*trace)->header().duration_ns) / 1e9 / f.speed;
   const absl::Time start = absl::Now();
   // A redrawn bar on a terminal; a line every 10 s into a log.
@@ -104,6 +125,10 @@ int Loadgen(const LoadgenFlags& f) {
       return 1;
     }
   }
+  if (exposer && f.metrics_hold_s > 0) {  // a last scrape of the final counts
+    std::fflush(stdout);
+    absl::SleepFor(absl::Seconds(f.metrics_hold_s));
+  }
   if (!st.ok()) {
     std::fprintf(stderr, "hlem loadgen: trace stopped early: %s\n",
                  std::string(st.message()).c_str());
@@ -141,6 +166,13 @@ void RegisterLoadgenCommands(CLI::App& app, Run* run) {
   cmd->add_option("--windows-csv", f->windows_csv, "write one row per window here");
   cmd->add_option("--phases-csv", f->phases_csv,
                   "write one row per phase of the trace (steady, trend, burst) here");
+  cmd->add_option("--metrics-listen", f->metrics_listen,
+                  "serve Prometheus /metrics here: outcomes, latency and SLO attainment by regime "
+                  "(port 0 = any free port; '' = off)");
+  cmd->add_option("--metrics-hold-s", f->metrics_hold_s,
+                  "keep /metrics up this long after the replay, for a last scrape")
+      ->check(CLI::Range(0.0, 3600.0));
+  cmd->add_option("--ports-file", f->ports_file, "write 'metrics=<port>' here once serving");
   cmd->add_flag("--fail-on-error", f->fail_on_error, "exit 1 when any request was not OK");
   cmd->add_flag("--quiet", f->quiet, "no progress bar");
   cmd->callback([=] { *run = [=] { return Loadgen(*f); }; });

@@ -78,6 +78,7 @@ for (const file of readdirSync(args.dashboards).filter((f) => f.endsWith(".json"
       if (t.datasource?.uid !== "${datasource}") failures.push(`${where} ${t.refId}: datasource is not \${datasource}`);
       const expr = t.expr
         .replaceAll("$__rate_interval", "1m")
+        .replaceAll("$__range", "1h")
         .replaceAll("$__interval", "1m")
         .replace(/\$\{?(\w+)\}?/g, (_, v) => {
           if (!vars.includes(v)) failures.push(`${where}: undefined variable $${v}`);

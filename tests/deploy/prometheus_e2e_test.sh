@@ -2,10 +2,11 @@
 # deploy/observability/prometheus end to end (issue 10): the local cluster (1 shard, 2 serving nodes, router, a
 # static allocator at α 0.35) runs a 30 s trace from the load generator while a real Prometheus
 # (Debian's, on loopback, deploy/observability/prometheus/prometheus-local.yml with its rules, scraping every
-# second) scrapes it. Every process's /metrics passes `promtool check metrics`; then, through the
-# HTTP API: every target up, the routers' answer count equal to the load generator's (exactly:
-# one answer per request), SLO attainment and P99 against the load generator's own figures, α
-# per node equal to the allocator's, and the recording rules evaluated.
+# second) scrapes it and the load generator (--metrics-listen). Every process's /metrics passes
+# `promtool check metrics`; then, through the HTTP API: every target up, the routers' answer count
+# equal to the load generator's (exactly: one answer per request), the load generator's metrics
+# equal to its summary, the routers' SLO attainment and P99 against the load generator's figures,
+# α per node equal to the allocator's, and the recording rules evaluated.
 #   prometheus_e2e_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$(cd "$1" && pwd)
@@ -43,11 +44,14 @@ for address in $(grep -o '127\.0\.0\.1:[0-9]*' "$targets"); do
 done
 
 echo "--- prometheus"
-port=$(node -e 'const s = require("net").createServer(); s.listen(0, "127.0.0.1", () => { console.log(s.address().port); s.close(); })')
+free_port() { node -e 'const s = require("net").createServer(); s.listen(0, "127.0.0.1", () => { console.log(s.address().port); s.close(); })'; }
+port=$(free_port)
+loadgen_port=$(free_port)
 url="http://127.0.0.1:$port"
 cp -r "$src/deploy/observability/prometheus" "$run/prom"
-sed -i "s|[./]*/out/cluster/prometheus-targets.json|$targets|; s|_interval: 5s|_interval: 1s|" \
+sed -i "s|[./]*/out/cluster/prometheus-targets.json|$targets|; s|_interval: 5s|_interval: 1s|; s|127.0.0.1:9470|127.0.0.1:$loadgen_port|" \
   "$run/prom/prometheus-local.yml"
+grep -q "127.0.0.1:$loadgen_port" "$run/prom/prometheus-local.yml" || fail "no load generator job"
 grep -q "$targets" "$run/prom/prometheus-local.yml" || fail "could not point the config at $targets"
 prometheus --config.file="$run/prom/prometheus-local.yml" --storage.tsdb.path="$run/tsdb" \
   --web.listen-address="127.0.0.1:$port" > "$run/prometheus.log" 2>&1 &
@@ -59,7 +63,11 @@ echo "--- load"
 "$hlem" workload generate --config "$src/tests/e2e/workload.yaml" --out "$run/steady.trace"
 "$hlem" loadgen --trace "$run/steady.trace" --router "127.0.0.1:$(awk '$1 == "router" {print $4}' \
   "$run/cluster/cluster.state")" --slo-ms $slo_ms --deadline-ms 5000 --fail-on-error --quiet \
-  > "$run/loadgen.txt"
+  --metrics-listen "127.0.0.1:$loadgen_port" --metrics-hold-s 4 > "$run/loadgen.txt" &
+loadgen_pid=$!
+sleep 5  # some answers in: the load generator's /metrics has every family
+promql metrics "127.0.0.1:$loadgen_port" | promtool check metrics || fail "loadgen /metrics lint"
+wait "$loadgen_pid" || fail "hlem loadgen failed: $(cat "$run/loadgen.txt")"
 head -4 "$run/loadgen.txt"
 requests=$(sed -n 's/^requests \([0-9]*\), OK.*/\1/p' "$run/loadgen.txt")
 p99_ms=$(sed -n 's/^latency of OK answers:.* p99 \([0-9.]*\) ms$/\1/p' "$run/loadgen.txt")
@@ -70,6 +78,15 @@ satisfied=$(sed -n 's/^SLO .* satisfied: \([0-9.]*\) %.*/\1/p' "$run/loadgen.txt
 promql wait "$url" "sum(hlem_router_slo_requests_total) == $requests" 15 ||
   fail "the routers counted $(value 'sum(hlem_router_slo_requests_total)') answers, loadgen sent $requests"
 echo "answers: $requests at the router and the load generator"
+# The load generator's own metrics (by regime; this trace is one Steady phase): the same counts as
+# its summary. It has exited: its series are stale now, their last samples are what it reported.
+last() { echo "sum(last_over_time($1[5m]))"; }
+promql wait "$url" "$(last hlem_loadgen_requests_total) == $requests" 15 ||
+  fail "Prometheus has $(value "$(last hlem_loadgen_requests_total)") load generator requests"
+loadgen_attainment=$(value "$(last 'hlem_loadgen_slo_requests_total{regime="steady",result="met"}') / $(last 'hlem_loadgen_slo_requests_total{regime="steady"}')")
+near "$(awk -v a="$loadgen_attainment" 'BEGIN { print 100 * a }')" "$satisfied" 0.006 ||
+  fail "the load generator's metrics say $loadgen_attainment, its summary $satisfied %"
+echo "load generator metrics: $requests requests, steady attainment $loadgen_attainment (summary $satisfied %)"
 
 attainment=$(value 'sum(hlem_router_slo_requests_total{result="met"}) / sum(hlem_router_slo_requests_total)')
 echo "SLO ${slo_ms} ms attainment: Prometheus $attainment, loadgen $satisfied %"

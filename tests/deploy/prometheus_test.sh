@@ -44,7 +44,8 @@ promtool test rules "$prom"/tests/*.yml
 echo "--- dashboards"
 # Every metric the binaries register (the names given to prometheus-cpp's builders).
 grep -rhoE '"hlem_[a-z0-9_]+"' --include=*.cc --exclude=*_test.cc \
-  "$src"/embedding_shard "$src"/serving_node "$src"/router "$src"/allocator_service "$src"/common |
+  "$src"/embedding_shard "$src"/serving_node "$src"/router "$src"/allocator_service "$src"/common \
+  "$src"/tools/loadgen |
   tr -d '"' | sort -u > "$work/metrics.txt"
 check() {  # check DASHBOARD_DIR
   node "$src/deploy/tests/check-observability.mjs" --rules "$prom/rules" --dashboards "$1" \

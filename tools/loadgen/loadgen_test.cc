@@ -1,3 +1,4 @@
+#include <atomic>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -10,8 +11,10 @@
 #include "common/grpc_server.h"
 #include "gtest/gtest.h"
 #include "hlem/v1/router.grpc.pb.h"
+#include "prometheus/text_serializer.h"
 #include "sim/workload/trace.h"
 #include "sim/workload/workload_testing.h"
+#include "tools/loadgen/loadgen_metrics.h"
 #include "tools/loadgen/replayer.h"
 #include "tools/loadgen/summary.h"
 
@@ -148,7 +151,10 @@ TEST_F(LoadgenTest, EveryRequestGetsOneOutcomeInFullAndDeltaMode) {
 TEST_F(LoadgenTest, TheInFlightCapRefusesWithoutSending) {
   Serve(absl::Milliseconds(50));
   Trace(200, absl::Seconds(1));
-  const std::vector<Outcome> out = Run({.max_in_flight = 2});
+  std::atomic<uint64_t> observed{0};
+  const std::vector<Outcome> out =
+      Run({.max_in_flight = 2, .on_outcome = [&](const Outcome&) { ++observed; }});
+  EXPECT_EQ(observed.load(), out.size()) << "on_outcome sees every outcome once, refused ones too";
   uint64_t refused = 0;
   for (const Outcome& o : out) {
     if (!o.sent) {
@@ -157,6 +163,47 @@ TEST_F(LoadgenTest, TheInFlightCapRefusesWithoutSending) {
     }
   }
   EXPECT_GT(refused, out.size() / 2);
+}
+
+TEST(LoadgenMetricsTest, CountsByRegimeAgreeWithTheSummary) {
+  const std::vector<PhaseSpan> phases = {{"steady", 0, 10'000'000'000},
+                                         {"burst", 10'000'000'000, 20'000'000'000}};
+  std::vector<Outcome> outcomes;
+  auto add = [&](uint64_t at_s, double ms, absl::StatusCode code) {
+    outcomes.push_back({.index = outcomes.size(),
+                        .scheduled_ns = at_s * 1'000'000'000,
+                        .latency_ns = static_cast<uint64_t>(ms * 1e6),
+                        .code = static_cast<int>(code)});
+  };
+  add(1, 10, absl::StatusCode::kOk);                // steady, met
+  add(2, 50, absl::StatusCode::kOk);                // steady, missed (slow)
+  add(11, 20, absl::StatusCode::kOk);               // burst, met (at the SLO)
+  add(12, 1, absl::StatusCode::kDeadlineExceeded);  // burst, missed (failed)
+  add(25, 1, absl::StatusCode::kOk);                // after the phases
+  MetricsRegistry registry;
+  LoadgenMetrics metrics(registry, phases, /*slo_ms=*/20);
+  for (const Outcome& o : outcomes) metrics.Observe(o);
+  const std::string text = prometheus::TextSerializer().Serialize(registry.registry()->Collect());
+  for (const char* line : {
+           "hlem_loadgen_slo_requests_total{regime=\"steady\",result=\"met\"} 1",
+           "hlem_loadgen_slo_requests_total{regime=\"steady\",result=\"missed\"} 1",
+           "hlem_loadgen_slo_requests_total{regime=\"burst\",result=\"met\"} 1",
+           "hlem_loadgen_slo_requests_total{regime=\"burst\",result=\"missed\"} 1",
+           "hlem_loadgen_slo_requests_total{regime=\"none\",result=\"met\"} 1",
+           "hlem_loadgen_requests_total{code=\"DEADLINE_EXCEEDED\",regime=\"burst\"} 1",
+           "hlem_loadgen_request_duration_seconds_count{regime=\"steady\"} 2",
+           "hlem_loadgen_request_duration_seconds_count{regime=\"burst\"} 1",
+           "hlem_loadgen_request_duration_seconds_bucket{regime=\"burst\",le=\"0.02\"} 1",
+           "hlem_loadgen_phase{regime=\"steady\"} 0",
+           "hlem_loadgen_phase{regime=\"burst\"} 1",
+       }) {
+    EXPECT_NE(text.find(line), std::string::npos) << line << " not in\n" << text;
+  }
+  // The same SLO test as the summary's.
+  const Report report = Summarize(outcomes, 5'000'000'000, 20, 0, phases);
+  ASSERT_EQ(report.phases.size(), 2u);
+  EXPECT_DOUBLE_EQ(report.phases[0].summary.slo_satisfaction, 0.5);
+  EXPECT_DOUBLE_EQ(report.phases[1].summary.slo_satisfaction, 0.5);
 }
 
 TEST(SummaryTest, QuantilesSloAndCodes) {

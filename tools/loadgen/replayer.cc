@@ -142,6 +142,7 @@ void Replayer::Record(const Call& call, const grpc::Status& status, absl::Time n
   } else {
     o.message = status.error_message();
   }
+  if (options_.on_outcome) options_.on_outcome(o);
 }
 
 absl::Status Replayer::Run(sim::TraceReader& trace, std::vector<Outcome>* out) {
@@ -187,6 +188,7 @@ absl::Status Replayer::Run(sim::TraceReader& trace, std::vector<Outcome>* out) {
         o.code = static_cast<int>(absl::StatusCode::kResourceExhausted);
         o.message = absl::StrCat("loadgen: ", in_flight_, " calls already in flight");
         ++recorded_;
+        if (options_.on_outcome) options_.on_outcome(o);
         refused = true;
       } else {
         call->delta =

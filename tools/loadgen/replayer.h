@@ -32,6 +32,8 @@ struct ReplayOptions {
   bool delta = false;
   // Called about once a second with (requests read, outcomes recorded, in flight).
   std::function<void(uint64_t, uint64_t, uint64_t)> progress;
+  // Called once per outcome as it is recorded (under the replayer's lock: keep it short).
+  std::function<void(const Outcome&)> on_outcome;
 };
 
 // Replays `trace` (already opened); fills `outcomes` (one per request read, in trace order).
