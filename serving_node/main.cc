@@ -181,7 +181,9 @@ int main(int argc, char** argv) {
   const absl::Duration drain_timeout = absl::Seconds(drain_seconds);
   hlem::WaitForShutdownSignal();
   log->info("shutdown_begin node={}", config->node.node_id);
-  // Drain: refuse new requests, let admitted ones finish, then stop the server.
+  // Drain: report NOT_SERVING (readiness probes, the router's health checks), refuse new
+  // requests, let admitted ones finish, then stop the server.
+  (*server)->SetServing(false);
   const hlem::serving::DrainResult drained =
       s.node->Drain(/*wait=*/true, absl::Now() + drain_timeout);
   log->info("drain_done node={} drained={}", config->node.node_id, drained.drained);

@@ -1,9 +1,17 @@
 #include "embedding_shard/client/shard_client_factory.h"
 
+#include <algorithm>
+#include <thread>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "common/status_macros.h"
 #include "embedding_shard/client/grpc_transport.h"
 #include "embedding_shard/client/shard_client_metrics.h"
+#include "embedding_shard/core/shard_map.h"
 #include "embedding_shard/service/shard_service.h"
 
 namespace hlem::shard {
@@ -56,21 +64,61 @@ absl::StatusOr<std::unique_ptr<ShardClient>> ConnectShardClient(const ShardClien
                                                    " shard addresses, got ", addresses.size()));
   }
   auto grpc = std::make_shared<GrpcShardTransport>(addresses);
+  ASSIGN_OR_RETURN(const ShardMap map, ShardMap::Create(setup.cluster.map));
+  // Every server is asked at once, each call waiting for its server to come up (up to
+  // connect_timeout). Once the servers that answered hold every partition, the others get
+  // `straggler_grace` more and are then given up (marked down, probed in the background): a dead
+  // replica does not hold up a start, a cluster that is still starting is waited for.
+  const size_t n = addresses.size();
+  std::vector<grpc::ClientContext> contexts(n);
+  std::vector<hlem::v1::ShardInfo> infos(n);
+  std::vector<absl::Status> results(n, absl::UnknownError("no answer"));
+  std::vector<bool> answered(n, false);
+  absl::Mutex mu;
+  size_t done = 0;
+  std::vector<std::thread> calls;
+  calls.reserve(n);
+  for (uint32_t s = 0; s < n; ++s) {
+    contexts[s].set_wait_for_ready(true);
+    SetDeadline(contexts[s], clock.Now() + setup.connect_timeout);
+    calls.emplace_back([&, s] {
+      absl::Status status = FromGrpcStatus(
+          grpc->stub(s).GetShardInfo(&contexts[s], hlem::v1::GetShardInfoRequest(), &infos[s]));
+      absl::MutexLock lock(&mu);
+      answered[s] = status.ok();
+      results[s] = std::move(status);
+      ++done;
+    });
+  }
+  absl::Time covered_at = absl::InfiniteFuture();
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu);
+      if (done == n) break;
+      if (covered_at == absl::InfiniteFuture()) {
+        bool covered = true;
+        for (uint32_t p = 0; p < map.num_shards() && covered; ++p) {
+          const std::vector<uint32_t> holders = map.ServersOf(p);
+          covered = std::any_of(holders.begin(), holders.end(),
+                                [&](uint32_t h) { return h < n && answered[h]; });
+        }
+        if (covered) covered_at = absl::Now();
+      }
+      if (absl::Now() >= covered_at + setup.straggler_grace) break;
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  for (grpc::ClientContext& context : contexts) context.TryCancel();  // the stragglers, if any
+  for (std::thread& call : calls) call.join();
   absl::Status last_error;
   int reachable = 0;
-  for (uint32_t s = 0; s < addresses.size(); ++s) {
-    grpc::ClientContext context;
-    context.set_wait_for_ready(true);
-    SetDeadline(context, clock.Now() + setup.connect_timeout);
-    hlem::v1::ShardInfo info;
-    absl::Status status = FromGrpcStatus(
-        grpc->stub(s).GetShardInfo(&context, hlem::v1::GetShardInfoRequest(), &info));
-    if (!status.ok()) {
-      last_error = absl::Status(
-          status.code(), absl::StrCat("shard ", s, " at ", addresses[s], ": ", status.message()));
+  for (uint32_t s = 0; s < n; ++s) {
+    if (!results[s].ok()) {
+      last_error = absl::Status(results[s].code(), absl::StrCat("shard ", s, " at ", addresses[s],
+                                                                ": ", results[s].message()));
       continue;
     }
-    if (absl::Status agrees = CheckAgrees(setup.cluster, info, s); !agrees.ok()) return agrees;
+    if (absl::Status agrees = CheckAgrees(setup.cluster, infos[s], s); !agrees.ok()) return agrees;
     ++reachable;
   }
   if (reachable == 0) return last_error;

@@ -26,6 +26,8 @@ struct ShardClientSetup {
   ClientTransport transport = ClientTransport::kUcx;
   UcxReadMode ucx_mode = UcxReadMode::kAuto;
   absl::Duration connect_timeout = absl::Seconds(10);
+  // Once the servers that answered hold every partition, how long the others still get.
+  absl::Duration straggler_grace = absl::Seconds(1);
   absl::Duration probe_interval = absl::Milliseconds(500);
   MetricsRegistry* metrics = nullptr;  // optional: export hlem_shard_client_* here
 };

@@ -247,6 +247,38 @@ TEST(ShardIntegrationTest, UcxOverTcpReturnsExactBytesAndFailsOver) {
   }
 }
 
+TEST(ShardIntegrationTest, ConnectingWithAReplicaDownDoesNotWaitForIt) {
+  auto cluster = StartCluster("replicadown", /*replicas=*/2);
+  ASSERT_NE(cluster, nullptr);
+  cluster->process(0).Signal(SIGKILL);
+  ASSERT_TRUE(cluster->process(0).Wait(absl::Seconds(10)).ok());
+  // Shard 1 holds every partition: the client starts once it answered and the grace passed,
+  // not after the connect timeout spent waiting for shard 0.
+  ShardClientSetup setup;
+  setup.cluster = cluster->config();
+  setup.transport = ClientTransport::kGrpc;
+  setup.connect_timeout = absl::Seconds(20);
+  setup.straggler_grace = absl::Milliseconds(500);
+  const absl::Time start = absl::Now();
+  auto client = ConnectShardClient(setup, RealClock::Get());
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_LT(took, absl::Seconds(5)) << "waited for the dead replica";
+  EXPECT_GE(took, absl::Milliseconds(450)) << "did not give the straggler its grace";
+  EXPECT_FALSE((*client)->IsHealthy(0));
+  uint64_t fetched = 0;
+  EXPECT_EQ(FetchAndVerify(**client, cluster->config(), 5000, 6, &fetched), 0u);
+
+  // Without a replica of some partition, the client waits for it (a cluster still starting)
+  // until the connect timeout, and then starts with it marked down.
+  setup.cluster.map.replicas = 1;
+  setup.connect_timeout = absl::Seconds(2);
+  const absl::Time start1 = absl::Now();
+  auto partial = ConnectShardClient(setup, RealClock::Get());
+  EXPECT_GE(absl::Now() - start1, absl::Milliseconds(1900));
+  EXPECT_FALSE(partial.ok() && (*partial)->IsHealthy(0));
+}
+
 TEST(ShardIntegrationTest, BadInputGetsClearStatusesOverGrpcAndUcx) {
   auto cluster = StartCluster("badinput", /*replicas=*/2);
   ASSERT_NE(cluster, nullptr);
