@@ -103,6 +103,10 @@ int main(int argc, char** argv) {
   app.add_option("--max-candidates", max_candidates, "candidates per request");
   app.add_option("--max-history-events", max_history_events, "events per request");
   app.add_option("--retry", retry, "retry once on the next-best node when a node is unavailable");
+  uint32_t max_in_flight = 0;
+  app.add_option("--max-in-flight", max_in_flight,
+                 "Recommend calls handled at once; beyond, RESOURCE_EXHAUSTED at once (0 = no "
+                 "limit)");
   app.add_option("--seed", seed, "tie-breaking seed");
   app.add_option("--startup-timeout-s", startup_timeout_s, "wait this long for the nodes");
   double slo_ms = 25;
@@ -185,6 +189,7 @@ int main(int argc, char** argv) {
   hlem::router::RouterServiceImpl service({.max_candidates = max_candidates,
                                            .max_history_events = max_history_events,
                                            .retry = retry,
+                                           .max_in_flight = max_in_flight,
                                            .features = options.features.size(),
                                            .calibrator = calibrator.get()},
                                           **cluster, &metrics);

@@ -47,7 +47,14 @@ grpc::Status RouterServiceImpl::Recommend(grpc::ServerContext* context,
                                           const v1::RecommendRequest* request,
                                           v1::RecommendResponse* response) {
   const absl::Time received = absl::Now();
-  const grpc::Status st = Route(context, request, response);
+  const uint32_t before = in_flight_.fetch_add(1, std::memory_order_relaxed);
+  const grpc::Status st =
+      options_.max_in_flight > 0 && before >= options_.max_in_flight
+          ? grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                         absl::StrCat("the router is at its limit of ", options_.max_in_flight,
+                                      " calls in flight"))
+          : Route(context, request, response);
+  in_flight_.fetch_sub(1, std::memory_order_relaxed);
   if (metrics_ != nullptr) {
     metrics_->ObserveRecommend(st.error_code(), absl::ToDoubleSeconds(absl::Now() - received));
   }

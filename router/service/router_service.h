@@ -5,6 +5,7 @@
 // and the deadline allows, and answers with the node's scores and the routing decision.
 // GetRoutingState reports the cluster's view. Thread-safe.
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -23,6 +24,9 @@ struct RouterServiceOptions {
   uint32_t max_candidates = 512;
   uint32_t max_history_events = 1 << 16;
   bool retry = true;
+  // Recommend calls being handled at once; beyond it a call is answered RESOURCE_EXHAUSTED at
+  // once (0 = no limit): under overload the router sheds at its door instead of queueing.
+  uint32_t max_in_flight = 0;
   size_t features = 1;  // feature ids per event (the nodes' feature tables)
   // Fed with every answer's costs when set (online calibration; the caller applies its weights).
   CostCalibrator* calibrator = nullptr;
@@ -54,6 +58,7 @@ class RouterServiceImpl final : public hlem::v1::Router::Service {
   RouterMetrics* const metrics_;
   mutable absl::Mutex mu_;
   std::vector<std::shared_ptr<hlem::v1::ServingNode::StubInterface>> stubs_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint32_t> in_flight_{0};
 };
 
 hlem::v1::RoutingReason ToProto(Reason reason);

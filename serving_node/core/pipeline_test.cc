@@ -408,6 +408,46 @@ TEST_F(PipelineTest, QueueOverloadDeadlinesAndDrain) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST_F(PipelineTest, QueueRefusesWhileItsOldestRequestHasWaitedTooLong) {
+  auto queue = *RequestQueue::Create(
+      {.max_batch = 1, .max_queue = 100, .max_delay = absl::Milliseconds(30), .batch_window = {}},
+      *pipeline_, clock_);
+  Rng rng(8);
+  runner_.SetGate(false);  // the model holds the first request
+  absl::Mutex mu;
+  std::vector<absl::StatusCode> codes;
+  auto record = [&](absl::StatusOr<InferOutput> r) {
+    absl::MutexLock lock(&mu);
+    codes.push_back(r.status().code());
+  };
+  queue->Submit(Input(1, Events(rng, 5), Events(rng, 1)), record);  // taken by the worker
+  for (int i = 0; i < 1000 && queue->stats().depth != 0; ++i) absl::SleepFor(absl::Milliseconds(1));
+  queue->Submit(Input(2, Events(rng, 5), Events(rng, 1)), record);  // admitted: the queue is young
+  queue->Submit(Input(3, Events(rng, 5), Events(rng, 1)), record);  // admitted too
+  absl::SleepFor(absl::Milliseconds(50));
+  queue->Submit(Input(4, Events(rng, 5), Events(rng, 1)), record);  // behind by 50 ms: refused
+  runner_.SetGate(true);
+  queue->Drain();
+  {
+    // 2 and 3 had waited 50 ms when their turn came: shed then, not served late.
+    absl::MutexLock lock(&mu);
+    std::vector<absl::StatusCode> sorted = codes;
+    std::sort(sorted.begin(), sorted.end());
+    EXPECT_EQ(sorted,
+              (std::vector<absl::StatusCode>{
+                  absl::StatusCode::kOk, absl::StatusCode::kResourceExhausted,
+                  absl::StatusCode::kResourceExhausted, absl::StatusCode::kResourceExhausted}));
+  }
+  const RequestQueueStats s = queue->stats();
+  EXPECT_EQ(s.rejected_delay, 1u);
+  EXPECT_EQ(s.shed_late, 2u);
+  EXPECT_EQ(s.rejected_overload, 3u);
+  EXPECT_EQ(s.batches, 1u);  // only request 1 ran the model
+  EXPECT_EQ(
+      RequestQueue::Create({.max_delay = absl::ZeroDuration()}, *pipeline_, clock_).status().code(),
+      absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(PipelineTest, RejectsAMismatchedSetup) {
   PipelineOptions o;
   o.features = {{.table_id = 5, .rows = 10}};

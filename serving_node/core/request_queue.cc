@@ -14,6 +14,9 @@ absl::StatusOr<std::unique_ptr<RequestQueue>> RequestQueue::Create(
   if (options.batch_window < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("queue.batch_window: must not be negative");
   }
+  if (options.max_delay <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("queue.max_delay: must be > 0");
+  }
   return std::unique_ptr<RequestQueue>(new RequestQueue(options, pipeline, clock));
 }
 
@@ -36,6 +39,7 @@ void RequestQueue::Submit(InferInput in, Done done) {
   {
     absl::MutexLock lock(&mu_);
     ++stats_.submitted;
+    const absl::Time now = clock_.Now();
     if (draining_) {
       ++stats_.rejected_draining;
       rejected = absl::UnavailableError("the node is draining");
@@ -43,15 +47,21 @@ void RequestQueue::Submit(InferInput in, Done done) {
       ++stats_.rejected_overload;
       rejected = absl::ResourceExhaustedError(
           absl::StrCat("the node's queue is full (", options_.max_queue, " requests)"));
+    } else if (!queue_.empty() && now - queue_.front().enqueued > options_.max_delay) {
+      ++stats_.rejected_overload;
+      ++stats_.rejected_delay;
+      rejected = absl::ResourceExhaustedError(
+          absl::StrCat("the node's queue is behind: its oldest request has waited ",
+                       absl::FormatDuration(now - queue_.front().enqueued), " (max_delay ",
+                       absl::FormatDuration(options_.max_delay), ")"));
     } else {
       // Inter-arrival gap, smoothed over the last few requests (adaptive batch window).
-      const absl::Time now = clock_.Now();
       if (last_arrival_ != absl::InfinitePast()) {
         const absl::Duration gap = now - last_arrival_;
         gap_ewma_ = gap_ewma_ == absl::InfiniteDuration() ? gap : gap_ewma_ * 0.75 + gap * 0.25;
       }
       last_arrival_ = now;
-      queue_.push_back(Item{std::move(in), std::move(done)});
+      queue_.push_back(Item{std::move(in), std::move(done), now});
       return;
     }
   }
@@ -117,13 +127,16 @@ void RequestQueue::WorkerLoop() {
       if (batch.empty()) continue;  // another worker took them
       running_ += batch.size();
     }
-    // Requests that expired while queued are answered without compute.
+    // Requests that expired while queued are answered without compute, and so are those that
+    // waited longer than max_delay (shed late rather than served late).
     const absl::Time now = clock_.Now();
     std::vector<InferInput> inputs;
-    std::vector<size_t> live, expired;
+    std::vector<size_t> live, expired, late;
     for (size_t i = 0; i < batch.size(); ++i) {
       if (now >= batch[i].in.deadline) {
         expired.push_back(i);
+      } else if (now - batch[i].enqueued > options_.max_delay) {
+        late.push_back(i);
       } else {
         inputs.push_back(std::move(batch[i].in));
         live.push_back(i);
@@ -133,6 +146,8 @@ void RequestQueue::WorkerLoop() {
       // Counted before any answer goes out: a caller that has its answer sees it in stats().
       absl::MutexLock lock(&mu_);
       stats_.expired += expired.size();
+      stats_.rejected_overload += late.size();
+      stats_.shed_late += late.size();
       if (!inputs.empty()) {
         ++stats_.batches;
         stats_.batched_requests += inputs.size();
@@ -140,6 +155,11 @@ void RequestQueue::WorkerLoop() {
     }
     for (size_t i : expired) {
       batch[i].done(absl::DeadlineExceededError("deadline passed while queued"));
+    }
+    for (size_t i : late) {
+      batch[i].done(absl::ResourceExhaustedError(absl::StrCat(
+          "the node is overloaded: waited ", absl::FormatDuration(now - batch[i].enqueued),
+          " in its queue (max_delay ", absl::FormatDuration(options_.max_delay), ")")));
     }
     if (!inputs.empty()) {
       if (options_.on_batch) options_.on_batch(inputs.size());

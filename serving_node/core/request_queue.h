@@ -3,7 +3,11 @@
 // Pipeline::InferBatch. A worker takes the oldest request, waits up to `batch_window` for more (or
 // until `max_batch` are there; only while requests arrive that often: adaptive_window), and runs
 // them; requests whose deadline passed while queued are
-// answered DEADLINE_EXCEEDED without compute. A full queue answers RESOURCE_EXHAUSTED at once;
+// answered DEADLINE_EXCEEDED without compute. A full queue answers RESOURCE_EXHAUSTED at once,
+// and so does a queue whose oldest request has waited longer than `max_delay`; a request that
+// waited longer than that is answered RESOURCE_EXHAUSTED when its turn comes, without compute (the
+// queue bounded in time, not only in length: under overload the served requests keep their
+// latency);
 // after Drain every new request is answered UNAVAILABLE and the admitted ones still finish. Every
 // submitted request gets exactly one answer.
 //
@@ -26,8 +30,10 @@
 namespace hlem::serving {
 
 struct RequestQueueOptions {
-  uint32_t max_batch = 16;                              // requests per model call
-  uint32_t max_queue = 256;                             // waiting requests; beyond: overload
+  uint32_t max_batch = 16;   // requests per model call
+  uint32_t max_queue = 256;  // waiting requests; beyond: overload
+  // Beyond it (the oldest waiting request's wait), new requests are refused: overload.
+  absl::Duration max_delay = absl::InfiniteDuration();
   absl::Duration batch_window = absl::Milliseconds(1);  // how long a batch waits to fill
   // Wait for the batch to fill only while requests arrive less than batch_window apart (smoothed
   // inter-arrival gap); at low load a request runs at once instead of waiting the window out.
@@ -39,7 +45,9 @@ struct RequestQueueOptions {
 
 struct RequestQueueStats {
   uint64_t submitted = 0;
-  uint64_t rejected_overload = 0;  // RESOURCE_EXHAUSTED at submission
+  uint64_t rejected_overload = 0;  // RESOURCE_EXHAUSTED at submission (either limit)
+  uint64_t rejected_delay = 0;     // of which at submission for max_delay
+  uint64_t shed_late = 0;          // of which taken from the queue after waiting over max_delay
   uint64_t rejected_draining = 0;  // UNAVAILABLE at submission
   uint64_t expired = 0;            // DEADLINE_EXCEEDED while queued
   uint64_t batches = 0;
@@ -72,6 +80,7 @@ class RequestQueue {
   struct Item {
     InferInput in;
     Done done;
+    absl::Time enqueued;
   };
   RequestQueue(const RequestQueueOptions& options, Pipeline& pipeline, Clock& clock);
   void WorkerLoop();

@@ -78,6 +78,7 @@ absl::StatusOr<NodeConfig> ParseNodeConfig(const YAML::Node& root, const std::st
     int64_t workers = c.queue.workers;
     U32(r, "max_batch", &c.queue.max_batch, 1, 4096);
     U32(r, "max_queue", &c.queue.max_queue, 1, 1 << 24);
+    r.Duration("max_delay", &c.queue.max_delay, absl::Microseconds(1), absl::Hours(1));
     r.Duration("batch_window", &c.queue.batch_window, absl::ZeroDuration(), absl::Seconds(1))
         .Bool("adaptive_window", &c.queue.adaptive_window)
         .Int("workers", &workers, 1, 256);

@@ -25,6 +25,7 @@ using serving::InferOutput;
 struct SimExecutor::Job {
   InferInput in;
   serving::RequestQueue::Done done;
+  absl::Time enqueued;
   InferOutput out;
   absl::Status error;
   uint64_t prior = 0, total = 0, first = 0, cached = 0, fresh = 0, candidates = 0;
@@ -72,9 +73,16 @@ void SimExecutor::Submit(InferInput in, serving::RequestQueue::Done done) {
         absl::StrCat("node queue full (", options_.local.queue.max_queue, " waiting)")));
     return;
   }
+  // RequestQueue's time bound: the oldest waiting request has waited too long.
+  const absl::Time now = clock_.Now();
+  if (!queue_.empty() && now - queue_.front()->enqueued > options_.local.queue.max_delay) {
+    done(absl::ResourceExhaustedError("node queue behind (max_delay)"));
+    return;
+  }
   auto job = std::make_unique<Job>();
   job->in = std::move(in);
   job->done = std::move(done);
+  job->enqueued = now;
   queue_.push_back(std::move(job));
   MaybeStartBatch();
 }
@@ -83,15 +91,24 @@ void SimExecutor::MaybeStartBatch() {
   if (busy_ || queue_.empty()) return;
   busy_ = true;
   // Up to max_batch requests of distinct users, oldest first; a user's second request waits.
+  // One that waited longer than max_delay is shed now (RequestQueue's rule), not served late.
   absl::flat_hash_set<uint64_t> users;
+  const absl::Time now = clock_.Now();
   for (auto it = queue_.begin();
        it != queue_.end() && batch_.size() < options_.local.queue.max_batch;) {
-    if (users.insert((*it)->in.user).second) {
+    if (now - (*it)->enqueued > options_.local.queue.max_delay) {
+      (*it)->done(absl::ResourceExhaustedError("node overloaded: waited over max_delay"));
+      it = queue_.erase(it);
+    } else if (users.insert((*it)->in.user).second) {
       batch_.push_back(std::move(*it));
       it = queue_.erase(it);
     } else {
       ++it;
     }
+  }
+  if (batch_.empty()) {  // every waiting request was shed
+    busy_ = false;
+    return;
   }
   next_ = 0;
   PrepareNext();

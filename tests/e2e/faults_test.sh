@@ -22,10 +22,13 @@ hlem="$build/tools/hlem"
 run=$(mktemp -d "${TMPDIR:-/tmp}/hlem_faults.XXXXXX")
 restarted=
 cleanup() {
-  for pid in $restarted ${allocator_restarted:-}; do kill -9 "$pid" 2>/dev/null && wait "$pid" 2>/dev/null; done
+  for pid in $restarted ${allocator_restarted:-}; do
+    kill -9 "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
+  done
   for pid in $(awk '{print $3}' "$run/cluster/cluster.state" 2>/dev/null); do kill -CONT "$pid" 2>/dev/null || true; done
   "$hlem" cluster down --run-dir "$run/cluster" >/dev/null 2>&1 || true
   [ -n "${HLEM_KEEP_RUN:-}" ] && echo "kept $run" || rm -rf "$run"
+  true
 }
 trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
