@@ -40,14 +40,12 @@ promql() { node deploy/tests/promql.mjs "$@"; }
   --shards-config deploy/local/shards.yaml --node-config deploy/local/node.yaml \
   --allocator hlem --allocator-arg=--weights=allocator_service/policies/ppo-local.mlp
 
-port=$(node -e 'const s = require("net").createServer(); s.listen(0, "127.0.0.1", () => { console.log(s.address().port); s.close(); })')
+# shellcheck source=../deploy/tests/local-prometheus.sh
+. deploy/tests/local-prometheus.sh
+port=$(free_port)
 url="http://127.0.0.1:$port"
-cp -r deploy/observability/prometheus "$run/prom"
-sed -i "s|[./]*/out/cluster/prometheus-targets.json|$run/cluster/prometheus-targets.json|" \
-  "$run/prom/prometheus-local.yml"
-prometheus --config.file="$run/prom/prometheus-local.yml" --storage.tsdb.path="$run/tsdb" \
-  --web.listen-address="127.0.0.1:$port" > "$run/prometheus.log" 2>&1 &
-prom_pid=$!
+start_prometheus "$PWD" "$run" "$run/cluster/prometheus-targets.json" "$port" ||
+  { echo "prometheus-screenshot.sh: could not point Prometheus at the cluster" >&2; exit 1; }
 promql wait "$url" 'count(up{job="hlem"} == 1) >= 7' 60
 
 router="127.0.0.1:$(awk '$1 == "router" {print $4}' "$run/cluster/cluster.state")"

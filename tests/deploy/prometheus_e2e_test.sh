@@ -45,18 +45,15 @@ for address in $(grep -o '127\.0\.0\.1:[0-9]*' "$targets"); do
 done
 
 echo "--- prometheus"
-free_port() { node -e 'const s = require("net").createServer(); s.listen(0, "127.0.0.1", () => { console.log(s.address().port); s.close(); })'; }
+# shellcheck source=../../deploy/tests/local-prometheus.sh
+. "$src/deploy/tests/local-prometheus.sh"
 port=$(free_port)
 loadgen_port=$(free_port)
 url="http://127.0.0.1:$port"
-cp -r "$src/deploy/observability/prometheus" "$run/prom"
-sed -i "s|[./]*/out/cluster/prometheus-targets.json|$targets|; s|_interval: 5s|_interval: 1s|; s|127.0.0.1:9470|127.0.0.1:$loadgen_port|" \
-  "$run/prom/prometheus-local.yml"
+start_prometheus "$src" "$run" "$targets" "$port" \
+  "s|_interval: 5s|_interval: 1s|; s|127.0.0.1:9470|127.0.0.1:$loadgen_port|" ||
+  fail "could not point the config at $targets"
 grep -q "127.0.0.1:$loadgen_port" "$run/prom/prometheus-local.yml" || fail "no load generator job"
-grep -q "$targets" "$run/prom/prometheus-local.yml" || fail "could not point the config at $targets"
-prometheus --config.file="$run/prom/prometheus-local.yml" --storage.tsdb.path="$run/tsdb" \
-  --web.listen-address="127.0.0.1:$port" > "$run/prometheus.log" 2>&1 &
-prom_pid=$!
 promql wait "$url" "count(up{job=\"hlem\"} == 1) == $processes" 60 ||
   { tail -20 "$run/prometheus.log"; fail "not every target up"; }
 
