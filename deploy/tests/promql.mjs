@@ -32,14 +32,16 @@ try {
     const deadline = Date.now() + 1000 * Number(timeoutS ?? 60);
     for (;;) {
       let samples = [];
+      let last = "";
       try {
         samples = await instant(query);
       } catch (e) {
-        if (!(e.cause?.code === "ECONNREFUSED")) throw e;  // not up yet
+        // Not up or not ready yet (refused, 503 before the TSDB is open, a half-read answer): retry.
+        last = `: last error ${e.cause?.code ?? e.message}`;
       }
       if (samples.length) break;
       if (Date.now() > deadline) {
-        console.error(`promql: no sample of '${query}' after ${timeoutS ?? 60} s`);
+        console.error(`promql: no sample of '${query}' after ${timeoutS ?? 60} s${last}`);
         process.exit(1);
       }
       await new Promise((r) => setTimeout(r, 250));
