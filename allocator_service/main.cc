@@ -23,6 +23,7 @@
 #include "allocator_service/service/grpc_nodes.h"
 #include "common/cli.h"
 #include "common/clock.h"
+#include "common/grpc_flags.h"
 #include "common/grpc_health_probe.h"
 #include "common/grpc_server.h"
 #include "common/logging.h"
@@ -89,6 +90,10 @@ int main(int argc, char** argv) {
   app.add_option("--ports-file", ports_file,
                  "write 'grpc=<port>', 'metrics=<port>' and 'health=<port>' here once serving");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  hlem::ClientSecurityFlags security;
+  hlem::AddClientSecurityFlags(
+      app, &security, "--admin-token-file",
+      "file holding the bearer token sent to the nodes' admin port (re-read when it changes)");
   if (const std::optional<int> rc = hlem::ParseCommandLine(app, argc, argv)) return *rc;
 
   hlem::InstallShutdownSignals();
@@ -111,7 +116,10 @@ int main(int argc, char** argv) {
   }
 
   hlem::RealClock& clock = hlem::RealClock::Get();
-  alloc::GrpcNodeApi api;
+  auto admin_channel = hlem::ResolveChannelOptions(security, "--admin-token-file");
+  if (!admin_channel.ok()) return Fail(admin_channel.status());
+  const hlem::ChannelOptions node_channel{.tls = security.tls};
+  alloc::GrpcNodeApi api(16, node_channel, *admin_channel);
   auto allocator = alloc::Allocator::Create({.interval = absl::Seconds(interval_s),
                                              .rpc_timeout = absl::Milliseconds(rpc_timeout_ms),
                                              .epoch = epoch,
@@ -130,7 +138,7 @@ int main(int argc, char** argv) {
   }
   // Membership as the router's: a node joins once it answers health checks and GetNodeInfo
   // (which names its admin port) and leaves when it stops answering.
-  hlem::GrpcHealthProbe probe;
+  hlem::GrpcHealthProbe probe(node_channel);
   auto membership = hlem::Membership::Create(
       {.interval = absl::Seconds(discovery_interval_s),
        .probe_timeout = absl::Seconds(std::min(1.0, discovery_interval_s))},
@@ -140,7 +148,7 @@ int main(int argc, char** argv) {
           log->info("node_left address={}", address);
           return true;
         }
-        auto stub = v1::ServingNode::NewStub(hlem::MakeChannel(address));
+        auto stub = v1::ServingNode::NewStub(hlem::MakeChannel(address, node_channel));
         absl::StatusOr<v1::NodeInfo> info = hlem::router::FetchNodeInfo(*stub, absl::Seconds(2));
         if (!info.ok() || info->admin_port() == 0) {
           log->warn("node_refused address={} reason={}", address,
@@ -164,6 +172,7 @@ int main(int argc, char** argv) {
   hlem::GrpcServerOptions server_options;
   server_options.listen = listen;
   server_options.health_listen = health_listen;
+  server_options.tls = security.tls;
   auto server = hlem::GrpcServer::Create(server_options, {&service});
   if (!server.ok()) return Fail(server.status());
   hlem::WritePortsFile(ports_file, {{"grpc", (*server)->port()},

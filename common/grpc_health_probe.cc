@@ -10,7 +10,7 @@ namespace hlem {
 std::shared_ptr<grpc::health::v1::Health::Stub> GrpcHealthProbe::Stub(const std::string& address) {
   absl::MutexLock lock(&mu_);
   auto& stub = stubs_[address];
-  if (stub == nullptr) stub = grpc::health::v1::Health::NewStub(MakeChannel(address));
+  if (stub == nullptr) stub = grpc::health::v1::Health::NewStub(MakeChannel(address, channel_));
   return stub;
 }
 

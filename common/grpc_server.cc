@@ -23,6 +23,7 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "grpcpp/support/client_interceptor.h"
 
 namespace hlem {
 namespace {
@@ -97,7 +98,11 @@ absl::StatusOr<GrpcServer::Endpoint> GrpcServer::Build(const GrpcServerOptions& 
   Endpoint endpoint;
   grpc::ServerBuilder builder;
   *port = 0;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), port);
+  // The health port (health != nullptr) is plaintext: probes cannot speak TLS.
+  builder.AddListeningPort(
+      address,
+      health != nullptr ? grpc::InsecureServerCredentials() : MakeServerCredentials(options.tls),
+      port);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -255,14 +260,60 @@ void RequestShutdown() {
   r.requested = true;
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, int max_message_bytes) {
+namespace {
+
+// Adds the bearer token to every call's initial metadata.
+class BearerTokenInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit BearerTokenInterceptor(const TokenFile* token) : token_(token) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      methods->GetSendInitialMetadata()->emplace("authorization",
+                                                 absl::StrCat("Bearer ", token_->Get()));
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const TokenFile* token_;
+};
+
+class BearerTokenInterceptorFactory final
+    : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit BearerTokenInterceptorFactory(std::shared_ptr<const TokenFile> token)
+      : token_(std::move(token)) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo*) override {
+    return new BearerTokenInterceptor(token_.get());
+  }
+
+ private:
+  std::shared_ptr<const TokenFile> token_;
+};
+
+}  // namespace
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
+                                           const ChannelOptions& options) {
   grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(max_message_bytes);
-  args.SetMaxSendMessageSize(max_message_bytes);
+  args.SetMaxReceiveMessageSize(options.max_message_bytes);
+  args.SetMaxSendMessageSize(options.max_message_bytes);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  AddTlsChannelArguments(options.tls, &args);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = MakeChannelCredentials(options.tls);
+  if (options.token == nullptr) return grpc::CreateCustomChannel(target, credentials, args);
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<BearerTokenInterceptorFactory>(options.token));
+  return grpc::experimental::CreateCustomChannelWithInterceptors(target, credentials, args,
+                                                                 std::move(interceptors));
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, int max_message_bytes) {
+  return MakeChannel(target, ChannelOptions{.max_message_bytes = max_message_bytes});
 }
 
 }  // namespace hlem

@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/grpc_security.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/server.h"
 
@@ -43,6 +44,8 @@ struct GrpcServerOptions {
                  max_connection_age_grace = absl::Seconds(30);
   absl::Duration drain_timeout = absl::Seconds(10);  // in-flight RPCs are cancelled after it
   bool reflection = true;                            // on both ports
+  // TLS on the public and admin ports (the health port stays plaintext). Validate() it first.
+  TlsConfig tls;
 };
 
 // The health service name a liveness probe asks for on the health port.
@@ -108,7 +111,19 @@ void WaitForShutdownSignal(GrpcServer& server);
 // Wakes WaitForShutdownSignal() from any thread.
 void RequestShutdown();
 
-// Insecure channel with explicit send/receive limits and keepalive (30 s ping, 10 s timeout).
+struct ChannelOptions {
+  int max_message_bytes = 64 << 20;  // send and receive
+  TlsConfig tls;                     // off: plaintext
+  // Sent as 'authorization: Bearer <token>' on every call (null: none). Re-read as the file
+  // changes.
+  std::shared_ptr<const TokenFile> token;
+};
+
+// A channel with explicit send/receive limits, keepalive (30 s ping, 10 s timeout), the given TLS
+// and bearer token.
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
+                                           const ChannelOptions& options);
+// Plaintext without a token: tests and the plaintext health port.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
                                            int max_message_bytes = 64 << 20);
 

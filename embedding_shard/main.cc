@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/cli.h"
 #include "common/clock.h"
+#include "common/grpc_flags.h"
 #include "common/grpc_server.h"
 #include "common/logging.h"
 #include "common/metrics.h"
@@ -42,6 +43,8 @@ int main(int argc, char** argv) {
   app.add_option("--ports-file", ports_file,
                  "write 'grpc=<port>', 'metrics=<port>' and 'health=<port>' here once serving");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  hlem::TlsConfig tls;
+  hlem::AddTlsFlags(app, &tls);
   bool check_config = false;
   app.add_flag("--check-config", check_config,
                "load and validate the config, print a summary, exit: 0 if valid, 2 naming the "
@@ -61,6 +64,7 @@ int main(int argc, char** argv) {
                                                         " must be < shard_map.num_shards ",
                                                         config->map.num_shards)));
   }
+  if (auto s = tls.Validate(); !s.ok()) return Fail(s);
   if (check_config) {
     std::printf("%s: valid (%u shards, %zu tables, ucx %s)\n", config_path.c_str(),
                 static_cast<unsigned>(config->map.num_shards), config->tables.size(),
@@ -112,6 +116,7 @@ int main(int argc, char** argv) {
   server_options.listen = listen;
   server_options.health_listen = health_listen;
   server_options.max_message_bytes = 256 << 20;
+  server_options.tls = tls;
   auto server = hlem::GrpcServer::Create(server_options, {&service});
   if (!server.ok()) return Fail(server.status());
 

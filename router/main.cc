@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/cli.h"
 #include "common/clock.h"
+#include "common/grpc_flags.h"
 #include "common/grpc_health_probe.h"
 #include "common/grpc_server.h"
 #include "common/grpc_status.h"
@@ -114,6 +115,15 @@ int main(int argc, char** argv) {
                  "latency objective of a Recommend answer, for SLO attainment in the metrics "
                  "(hlem_router_slo_requests_total; the local profile's 25 ms by default)")
       ->check(CLI::Range(0.001, 600000.0));
+  hlem::TlsConfig tls;
+  hlem::AddTlsFlags(app, &tls);
+  std::string frontend_token_file, admin_token_file;
+  app.add_option("--frontend-token-file", frontend_token_file,
+                 "file holding the bearer token Recommend and GetRoutingState require ('' = "
+                 "none; re-read when it changes)");
+  app.add_option("--admin-token-file", admin_token_file,
+                 "file holding the bearer token sent to the nodes' admin port (residency "
+                 "snapshots)");
   double drain_seconds = 2;
   app.add_option("--drain-timeout", drain_seconds,
                  "seconds SIGTERM waits for Recommend calls in flight")
@@ -123,6 +133,12 @@ int main(int argc, char** argv) {
   hlem::InstallShutdownSignals();
   if (auto s = hlem::InitLogging({.level = log_level}); !s.ok()) return Fail(s);
   auto log = hlem::GetLogger("router");
+  if (auto s = tls.Validate(); !s.ok()) return Fail(s);
+  auto frontend_token = hlem::OpenRequiredToken(frontend_token_file, "--frontend-token-file");
+  if (!frontend_token.ok()) return Fail(frontend_token.status());
+  auto admin_token = hlem::OpenRequiredToken(admin_token_file, "--admin-token-file");
+  if (!admin_token.ok()) return Fail(admin_token.status());
+  const hlem::ChannelOptions node_channel{.tls = tls};
   auto policy_kind = hlem::router::ParsePolicy(policy);
   if (!policy_kind.ok()) return Fail(policy_kind.status());
   auto resolver = hlem::MakeResolver(nodes_flag);
@@ -139,7 +155,7 @@ int main(int argc, char** argv) {
     absl::StatusOr<std::vector<std::string>> addresses = (*resolver)->Resolve();
     if (!addresses.ok()) first = addresses.status();
     for (const std::string& a : addresses.ok() ? *addresses : std::vector<std::string>{}) {
-      auto stub = v1::ServingNode::NewStub(hlem::MakeChannel(a));
+      auto stub = v1::ServingNode::NewStub(hlem::MakeChannel(a, node_channel));
       first = hlem::router::FetchNodeInfo(*stub, absl::Seconds(2));
       if (first.ok()) break;
     }
@@ -191,12 +207,13 @@ int main(int argc, char** argv) {
                                            .retry = retry,
                                            .max_in_flight = max_in_flight,
                                            .features = options.features.size(),
-                                           .calibrator = calibrator.get()},
+                                           .calibrator = calibrator.get(),
+                                           .frontend_token = frontend_token->get()},
                                           **cluster, &metrics);
   // Membership: nodes join when they answer health checks and GetNodeInfo, and leave when they
   // stop answering or the name no longer resolves to them.
-  hlem::router::NodeLinks links(**cluster, service, clock);
-  hlem::GrpcHealthProbe probe;
+  hlem::router::NodeLinks links(**cluster, service, clock, node_channel, *admin_token);
+  hlem::GrpcHealthProbe probe(node_channel);
   auto membership = hlem::Membership::Create(
       {.interval = absl::Seconds(discovery_interval_s),
        .probe_timeout = absl::Seconds(std::min(1.0, discovery_interval_s)),
@@ -217,6 +234,7 @@ int main(int argc, char** argv) {
   server_options.listen = listen;
   server_options.health_listen = health_listen;
   server_options.max_message_bytes = 64 << 20;
+  server_options.tls = tls;
   // In-flight Recommend calls carry deadlines of the order of the SLO; a longer grace would only
   // wait for idle client channels to answer the GOAWAY (docs/node.md, SIGTERM).
   server_options.drain_timeout = absl::Seconds(drain_seconds);

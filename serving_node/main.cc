@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/cli.h"
 #include "common/clock.h"
+#include "common/grpc_flags.h"
 #include "common/grpc_server.h"
 #include "common/logging.h"
 #include "common/metrics.h"
@@ -73,6 +74,12 @@ int main(int argc, char** argv) {
   app.add_option("--shard-servers", shard_servers,
                  "gRPC address per shard index (overrides shards.servers)")
       ->delimiter(',');
+  hlem::TlsConfig tls;
+  hlem::AddTlsFlags(app, &tls);
+  std::string admin_token_file;
+  app.add_option("--admin-token-file", admin_token_file,
+                 "file holding the bearer token the admin port requires ('' = none; re-read when "
+                 "it changes)");
   bool check_config = false;
   app.add_flag("--check-config", check_config,
                "load and validate the config (and its shards file), print a summary, exit: 0 if "
@@ -96,6 +103,9 @@ int main(int argc, char** argv) {
     }
     config->shard_servers = shard_servers;
   }
+  if (auto s = tls.Validate(); !s.ok()) return Fail(s);
+  auto admin_token = hlem::OpenRequiredToken(admin_token_file, "--admin-token-file");
+  if (!admin_token.ok()) return Fail(admin_token.status());
   if (check_config) {
     std::printf("%s: valid (node %s, %s pool, %zu shards, %d-layer model)\n", config_path.c_str(),
                 config->node.node_id.c_str(), config->device.c_str(),
@@ -117,6 +127,7 @@ int main(int argc, char** argv) {
   setup.cluster = config->shards;
   setup.addresses = config->shard_servers;
   setup.metrics = &registry;
+  setup.tls = tls;
   auto transport = hlem::shard::ParseClientTransport(config->shard_transport);
   if (!transport.ok()) return Fail(transport.status());
   setup.transport = *transport;
@@ -153,12 +164,13 @@ int main(int argc, char** argv) {
   server_options.admin_listen = admin_listen;
   server_options.health_listen = health_listen;
   server_options.max_message_bytes = 64 << 20;
+  server_options.tls = tls;
   // The node drains admitted requests itself (Node::Drain below); after that the gRPC server only
   // has responses to flush. Its shutdown otherwise waits for idle client channels to answer the
   // GOAWAY ping, which an idle gRPC client does only at its backup poll (every 5 s).
   server_options.drain_timeout = absl::Seconds(1);
   auto service = std::make_unique<hlem::serving::ServingNodeServiceImpl>(*s.node, description);
-  hlem::serving::ServingNodeAdminImpl admin(*s.node);
+  hlem::serving::ServingNodeAdminImpl admin(*s.node, admin_token->get());
   auto server = hlem::GrpcServer::Create(server_options, {service.get()}, {&admin});
   if (!server.ok()) return Fail(server.status());
   service->SetAdminPort(static_cast<uint32_t>((*server)->admin_port()));

@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -30,6 +31,7 @@
 #include "absl/time/clock.h"
 #include "allocator_service/core/registry.h"
 #include "common/grpc_health_probe.h"
+#include "common/grpc_security.h"
 #include "common/process.h"
 #include "embedding_shard/core/shard_config.h"
 #include "tools/commands.h"
@@ -48,7 +50,40 @@ struct ClusterFlags {
   std::vector<std::string> router_args;
   std::string allocator = "none";  // or the allocator's --controller
   std::vector<std::string> allocator_args;
+  std::string security_dir;  // "" = plaintext, no tokens
 };
+
+// --security-dir: mutual TLS on every gRPC channel and the admin and frontend tokens, from the
+// files scripts/make-certs.sh writes (Kubernetes TLS Secret names).
+struct SecurityFiles {
+  std::string ca, cert, key, admin_token, frontend_token;
+  std::vector<std::string> TlsArgs() const {
+    return {"--tls", "mtls", "--tls-ca", ca, "--tls-cert", cert, "--tls-key", key};
+  }
+  TlsConfig Tls() const {
+    return {.mode = TlsMode::kMutual, .cert_file = cert, .key_file = key, .ca_file = ca};
+  }
+};
+
+absl::StatusOr<SecurityFiles> SecurityIn(const std::string& dir) {
+  std::error_code ec;
+  const std::string abs = std::filesystem::absolute(dir, ec).string();
+  SecurityFiles files{.ca = abs + "/ca.crt",
+                      .cert = abs + "/tls.crt",
+                      .key = abs + "/tls.key",
+                      .admin_token = abs + "/admin.token",
+                      .frontend_token = abs + "/frontend.token"};
+  if (auto s = files.Tls().Validate(); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(dir, ": ", s.message()));
+  }
+  for (const std::string& token : {files.admin_token, files.frontend_token}) {
+    if (auto t = TokenFile::Open(token); !t.ok()) return t.status();
+  }
+  return files;
+}
+
+// The security dir a cluster was started with ("" when none).
+std::string SecurityPath(const std::string& run_dir) { return run_dir + "/security.dir"; }
 
 struct Member {
   std::string role, name;
@@ -148,6 +183,16 @@ int Up(const ClusterFlags& f) {
     std::fprintf(stderr, "hlem cluster up: --nodes: must be >= 1\n");
     return 2;
   }
+  std::optional<SecurityFiles> security;
+  if (!f.security_dir.empty()) {
+    auto files = SecurityIn(f.security_dir);
+    if (!files.ok()) {
+      std::fprintf(stderr, "hlem cluster up: --security-dir: %s\n",
+                   std::string(files.status().message()).c_str());
+      return 2;
+    }
+    security = *files;
+  }
   const std::string bin = f.bin_dir.empty() ? DefaultBinDir() : f.bin_dir;
   const std::string shard_bin = bin + "/embedding_shard/embedding_shard";
   const std::string node_bin = bin + "/serving_node/serving_node";
@@ -172,6 +217,14 @@ int Up(const ClusterFlags& f) {
     std::filesystem::remove(ports);
     args.insert(args.begin(), binary);
     args.insert(args.end(), {"--ports-file", ports});
+    if (security) {
+      const std::vector<std::string> tls = security->TlsArgs();
+      args.insert(args.end(), tls.begin(), tls.end());
+      if (role != "shard") args.insert(args.end(), {"--admin-token-file", security->admin_token});
+      if (role == "router") {
+        args.insert(args.end(), {"--frontend-token-file", security->frontend_token});
+      }
+    }
     auto child = ChildProcess::Start(args, log, {.die_with_parent = false, .new_session = true});
     absl::StatusOr<int> port = child.ok() ? absl::StatusOr<int>(absl::UnknownError(""))
                                           : absl::StatusOr<int>(child.status());
@@ -223,6 +276,8 @@ int Up(const ClusterFlags& f) {
     if (!start("allocator", "allocator", allocator_bin, args)) return 1;
   }
 
+  std::filesystem::remove(SecurityPath(f.run_dir));
+  if (security) std::ofstream(SecurityPath(f.run_dir)) << f.security_dir << "\n";
   std::ofstream state(StatePath(f.run_dir));
   for (const Member& m : members) {
     state << m.role << " " << m.name << " " << m.pid << " " << m.port << " " << m.binary << " "
@@ -253,7 +308,19 @@ int Status(const ClusterFlags& f) {
                  std::string(state.status().message()).c_str());
     return 1;
   }
-  GrpcHealthProbe probe;
+  std::string security_dir;
+  std::getline(std::ifstream(SecurityPath(f.run_dir)), security_dir);
+  ChannelOptions channel;
+  if (!security_dir.empty()) {
+    auto files = SecurityIn(security_dir);
+    if (!files.ok()) {
+      std::fprintf(stderr, "hlem cluster status: %s\n",
+                   std::string(files.status().message()).c_str());
+      return 1;
+    }
+    channel.tls = files->Tls();
+  }
+  GrpcHealthProbe probe(channel);
   bool all = true;
   std::printf("%-7s %-8s %-16s %-8s %s\n", "role", "name", "address", "pid", "state");
   for (const Member& m : *state) {
@@ -330,6 +397,10 @@ void RegisterClusterCommands(CLI::App& app, Run* run) {
       }()));
   up->add_option("--allocator-arg", f->allocator_args, "extra allocator flag (repeatable)")
       ->allow_extra_args(false);
+  up->add_option("--security-dir", f->security_dir,
+                 "mutual TLS on every gRPC channel and bearer tokens on the nodes' admin port and "
+                 "the router, from ca.crt, tls.crt, tls.key, admin.token and frontend.token here "
+                 "(scripts/make-certs.sh DIR makes them)");
   for (CLI::App* sub : {up, cluster->add_subcommand("status", "is every process serving?"),
                         cluster->add_subcommand("down", "stop the local cluster")}) {
     sub->add_option("--run-dir", f->run_dir, "logs, ports and cluster.state");

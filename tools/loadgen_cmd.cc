@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/grpc_flags.h"
 #include "common/metrics.h"
 #include "common/process.h"
 #include "sim/workload/trace.h"
@@ -33,6 +34,7 @@ struct LoadgenFlags {
   uint64_t limit = 0;
   uint32_t max_in_flight = 4096;
   bool fail_on_error = false, quiet = false;
+  ClientSecurityFlags security;
 };
 
 int Loadgen(const LoadgenFlags& f) {
@@ -69,8 +71,11 @@ int Loadgen(const LoadgenFlags& f) {
     metrics = std::make_unique<loadgen::LoadgenMetrics>(registry, phases, f.slo_ms);
     WritePortsFile(f.ports_file, {{"metrics", exposer->port()}});
   }
+  const absl::StatusOr<ChannelOptions> channel = ResolveChannelOptions(f.security, "--token-file");
+  if (!channel.ok()) return Fail("loadgen", "security", channel.status());
   const double total = f.limit > 0 ? static_cast<double>(f.limit) : 0;
   loadgen::ReplayOptions options{.router = f.router,
+                                 .channel = *channel,
                                  .speed = f.speed,
                                  .limit = f.limit,
                                  .deadline = absl::Microseconds(f.deadline_ms * 1e3),
@@ -175,6 +180,8 @@ void RegisterLoadgenCommands(CLI::App& app, Run* run) {
   cmd->add_option("--ports-file", f->ports_file, "write 'metrics=<port>' here once serving");
   cmd->add_flag("--fail-on-error", f->fail_on_error, "exit 1 when any request was not OK");
   cmd->add_flag("--quiet", f->quiet, "no progress bar");
+  AddClientSecurityFlags(*cmd, &f->security, "--token-file",
+                         "file holding the router's frontend bearer token");
   cmd->callback([=] { *run = [=] { return Loadgen(*f); }; });
 }
 

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/grpc_flags.h"
 #include "common/grpc_server.h"
 #include "common/rng.h"
 #include "common/zipf.h"
@@ -31,8 +32,19 @@ namespace {
 
 namespace v1 = ::hlem::v1;
 
-std::unique_ptr<v1::ServingNode::Stub> NodeStub(const std::string& address) {
-  return v1::ServingNode::NewStub(MakeChannel(address));
+std::unique_ptr<v1::ServingNode::Stub> NodeStub(const std::string& address,
+                                                const ChannelOptions& channel) {
+  return v1::ServingNode::NewStub(MakeChannel(address, channel));
+}
+
+// The command's channel from its security flags; nullopt after printing the error.
+std::optional<ChannelOptions> Channel(const ClientSecurityFlags& f, const std::string& token_flag) {
+  absl::StatusOr<ChannelOptions> channel = ResolveChannelOptions(f, token_flag);
+  if (!channel.ok()) {
+    Fail("node", "security", channel.status());
+    return std::nullopt;
+  }
+  return *channel;
 }
 
 grpc::Status GetInfo(v1::ServingNode::Stub& stub, v1::NodeInfo* info) {
@@ -48,8 +60,10 @@ int Report(const grpc::Status& s, const std::string& what) {
   return 1;
 }
 
-int PrintNodeInfo(const std::string& address) {
-  auto stub = NodeStub(address);
+int PrintNodeInfo(const std::string& address, const ClientSecurityFlags& security) {
+  const std::optional<ChannelOptions> channel = Channel(security, "");
+  if (!channel) return 2;
+  auto stub = NodeStub(address, *channel);
   v1::NodeInfo info;
   if (grpc::Status s = GetInfo(*stub, &info); !s.ok()) return Report(s, address);
   std::printf("node %s epoch %llu device %s (%s) admin port %u\n", info.node_id().c_str(),
@@ -81,8 +95,10 @@ void PrintWindow(const std::string& node, const v1::WindowStats& w) {
               w.p99_seconds() * 1e3, w.alpha_effective(), w.load());
 }
 
-int State(const std::string& address, uint32_t windows) {
-  auto stub = NodeStub(address);
+int State(const std::string& address, uint32_t windows, const ClientSecurityFlags& security) {
+  const std::optional<ChannelOptions> channel = Channel(security, "");
+  if (!channel) return 2;
+  auto stub = NodeStub(address, *channel);
   grpc::ClientContext ctx;
   v1::GetStateRequest req;
   req.set_max_windows(windows);
@@ -107,10 +123,13 @@ struct AlphaFlags {
   std::string admin;
   double alpha = 0.5;
   uint64_t epoch = 1, decision = 1;
+  ClientSecurityFlags security;
 };
 
 int SetAlpha(const AlphaFlags& f) {
-  auto stub = v1::ServingNodeAdmin::NewStub(MakeChannel(f.admin));
+  const std::optional<ChannelOptions> channel = Channel(f.security, "--admin-token-file");
+  if (!channel) return 2;
+  auto stub = v1::ServingNodeAdmin::NewStub(MakeChannel(f.admin, *channel));
   grpc::ClientContext ctx;
   v1::SetAlphaRequest req;
   req.set_alpha(f.alpha);
@@ -138,6 +157,7 @@ struct DriveFlags {
   double user_zipf = 1.0, item_zipf = 1.0;
   double deadline_ms = 500, slo_ms = 50;
   uint64_t seed = 1;
+  ClientSecurityFlags security;
 };
 
 // One synthetic user: its feature-id history (F per event) and whether a node served it.
@@ -153,8 +173,10 @@ int Drive(const DriveFlags& f) {
     std::fprintf(stderr, "hlem node drive: --servers: none\n");
     return 2;
   }
+  const std::optional<ChannelOptions> channel = Channel(f.security, "--token-file");
+  if (!channel) return 2;
   std::unique_ptr<v1::Router::Stub> router;
-  if (!f.router.empty()) router = v1::Router::NewStub(MakeChannel(f.router));
+  if (!f.router.empty()) router = v1::Router::NewStub(MakeChannel(f.router, *channel));
   if (f.users == 0 || f.requests == 0 || f.concurrency < 1 || f.candidates == 0) {
     std::fprintf(stderr,
                  "hlem node drive: --users, --requests, --concurrency and --candidates "
@@ -164,7 +186,7 @@ int Drive(const DriveFlags& f) {
   std::vector<std::unique_ptr<v1::ServingNode::Stub>> stubs;
   v1::NodeInfo info;
   for (const std::string& a : addresses) {
-    stubs.push_back(NodeStub(a));
+    stubs.push_back(NodeStub(a, ChannelOptions{.tls = channel->tls}));
     if (grpc::Status s = GetInfo(*stubs.back(), &info); !s.ok()) return Report(s, a);
   }
   const int features = info.feature_tables_size();
@@ -302,15 +324,18 @@ void RegisterNodeCommands(CLI::App& app, Run* run) {
   node->require_subcommand(1);
 
   auto address = std::make_shared<std::string>();
+  auto security = std::make_shared<ClientSecurityFlags>();
   auto* info = node->add_subcommand("info", "print a node's GetNodeInfo");
   info->add_option("--server", *address, "serving gRPC address host:port")->required();
-  info->callback([=] { *run = [=] { return PrintNodeInfo(*address); }; });
+  AddTlsFlags(*info, &security->tls);
+  info->callback([=] { *run = [=] { return PrintNodeInfo(*address, *security); }; });
 
   auto windows = std::make_shared<uint32_t>(12);
   auto* state = node->add_subcommand("state", "print a node's window statistics and gauges");
   state->add_option("--server", *address, "serving gRPC address host:port")->required();
   state->add_option("--windows", *windows, "closed windows to print");
-  state->callback([=] { *run = [=] { return State(*address, *windows); }; });
+  AddTlsFlags(*state, &security->tls);
+  state->callback([=] { *run = [=] { return State(*address, *windows, *security); }; });
 
   auto a = std::make_shared<AlphaFlags>();
   auto* alpha = node->add_subcommand("set-alpha", "push an EMB share α to a node (admin port)");
@@ -318,6 +343,8 @@ void RegisterNodeCommands(CLI::App& app, Run* run) {
   alpha->add_option("--alpha", a->alpha, "EMB share of the pool")->required();
   alpha->add_option("--epoch", a->epoch, "allocator epoch (> 0)");
   alpha->add_option("--decision", a->decision, "decision id within the epoch");
+  AddClientSecurityFlags(*alpha, &a->security, "--admin-token-file",
+                         "file holding the nodes' admin bearer token");
   alpha->callback([=] { *run = [=] { return SetAlpha(*a); }; });
 
   auto d = std::make_shared<DriveFlags>();
@@ -341,6 +368,8 @@ void RegisterNodeCommands(CLI::App& app, Run* run) {
   drive->add_option("--deadline-ms", d->deadline_ms, "gRPC deadline per request");
   drive->add_option("--slo-ms", d->slo_ms, "latency SLO for the report");
   drive->add_option("--seed", d->seed, "seed of the workload");
+  AddClientSecurityFlags(*drive, &d->security, "--token-file",
+                         "file holding the router's frontend bearer token (with --router)");
   drive->callback([=] { *run = [=] { return Drive(*d); }; });
 }
 

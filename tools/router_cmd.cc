@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "common/grpc_flags.h"
 #include "common/grpc_server.h"
 #include "grpcpp/client_context.h"
 #include "hlem/v1/router.grpc.pb.h"
@@ -16,8 +17,10 @@ namespace {
 
 namespace v1 = ::hlem::v1;
 
-int State(const std::string& address) {
-  auto stub = v1::Router::NewStub(MakeChannel(address));
+int State(const std::string& address, const ClientSecurityFlags& security) {
+  const absl::StatusOr<ChannelOptions> channel = ResolveChannelOptions(security, "--token-file");
+  if (!channel.ok()) return Fail("router", "security", channel.status());
+  auto stub = v1::Router::NewStub(MakeChannel(address, *channel));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   v1::GetRoutingStateResponse s;
@@ -54,7 +57,10 @@ void RegisterRouterCommands(CLI::App& app, Run* run) {
   auto address = std::make_shared<std::string>();
   auto* state = router->add_subcommand("state", "print the routing configuration and node views");
   state->add_option("--server", *address, "router gRPC address host:port")->required();
-  state->callback([=] { *run = [=] { return State(*address); }; });
+  auto security = std::make_shared<ClientSecurityFlags>();
+  AddClientSecurityFlags(*state, security.get(), "--token-file",
+                         "file holding the router's frontend bearer token");
+  state->callback([=] { *run = [=] { return State(*address, *security); }; });
 }
 
 }  // namespace hlem::tools

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/clock.h"
+#include "common/grpc_flags.h"
 #include "common/grpc_server.h"
 #include "common/grpc_status.h"
 #include "common/rng.h"
@@ -35,6 +36,7 @@ struct FetchFlags {
   uint64_t seed = 1;
   bool verify = true;
   int deadline_ms = 5000;
+  TlsConfig tls;
 };
 
 int Usage(const std::string& message) {
@@ -47,6 +49,10 @@ int Fetch(const FetchFlags& f) {
   if (!config.ok()) return Usage(std::string(config.status().message()));
   shard::ShardClientSetup setup;
   setup.cluster = *config;
+  if (auto s = f.tls.Validate(/*client_only=*/true); !s.ok()) {
+    return Fail("shard fetch", "security", s);
+  }
+  setup.tls = f.tls;
   if (!f.servers.empty()) setup.addresses = absl::StrSplit(f.servers, ',');
   auto transport = shard::ParseClientTransport(f.transport);
   if (!transport.ok()) return Usage(absl::StrCat("--transport: ", transport.status().message()));
@@ -121,8 +127,10 @@ int Fetch(const FetchFlags& f) {
   return failed == 0 && wrong == 0 ? 0 : 1;
 }
 
-int PrintShardInfo(const std::string& address) {
-  shard::GrpcShardTransport grpc({address});
+int PrintShardInfo(const std::string& address, const TlsConfig& tls) {
+  if (auto s = tls.Validate(/*client_only=*/true); !s.ok())
+    return Fail("shard info", "security", s);
+  shard::GrpcShardTransport grpc({address}, tls);
   grpc::ClientContext context;
   SetDeadline(context, absl::Now() + absl::Seconds(5));
   hlem::v1::ShardInfo info;
@@ -168,12 +176,15 @@ void RegisterShardCommands(CLI::App& app, Run* run) {
   fetch->add_option("--seed", f->seed, "seed of the row sequence");
   fetch->add_option("--verify", f->verify, "check every byte against the generator");
   fetch->add_option("--deadline-ms", f->deadline_ms, "deadline per Fetch call");
+  AddTlsFlags(*fetch, &f->tls);
   fetch->callback([=] { *run = [=] { return Fetch(*f); }; });
 
   auto address = std::make_shared<std::string>();
   auto* info = shard->add_subcommand("info", "print a shard's GetShardInfo and UCX setup");
   info->add_option("--server", *address, "gRPC address host:port")->required();
-  info->callback([=] { *run = [=] { return PrintShardInfo(*address); }; });
+  auto tls = std::make_shared<TlsConfig>();
+  AddTlsFlags(*info, tls.get());
+  info->callback([=] { *run = [=] { return PrintShardInfo(*address, *tls); }; });
 }
 
 }  // namespace hlem::tools

@@ -35,14 +35,16 @@ WindowState FromProto(const hlem::v1::WindowStats& w) {
 hlem::v1::ServingNode::Stub& GrpcNodeApi::Serving(const std::string& address) {
   absl::MutexLock lock(&mu_);
   auto& stub = serving_[address];
-  if (stub == nullptr) stub = hlem::v1::ServingNode::NewStub(MakeChannel(address));
+  if (stub == nullptr)
+    stub = hlem::v1::ServingNode::NewStub(MakeChannel(address, serving_channel_));
   return *stub;
 }
 
 hlem::v1::ServingNodeAdmin::Stub& GrpcNodeApi::Admin(const std::string& address) {
   absl::MutexLock lock(&mu_);
   auto& stub = admin_[address];
-  if (stub == nullptr) stub = hlem::v1::ServingNodeAdmin::NewStub(MakeChannel(address));
+  if (stub == nullptr)
+    stub = hlem::v1::ServingNodeAdmin::NewStub(MakeChannel(address, admin_channel_));
   return *stub;
 }
 

@@ -188,7 +188,7 @@ for (const w of workloads) {
     }
     // Files the container is pointed at: a ConfigMap key under a mount, or a file of the image.
     for (const a of c.args ?? []) {
-      const m = a.match(/^--(config|weights)=(\/.+)$/);
+      const m = a.match(/^--(config|weights|tls-cert|tls-key|tls-ca|admin-token-file|frontend-token-file)=(\/.+)$/);
       if (!m) continue;
       const path = m[2];
       const mount = (c.volumeMounts ?? []).find((vm) => path.startsWith(`${vm.mountPath}/`));
@@ -197,7 +197,10 @@ for (const w of workloads) {
         continue;
       }
       const volume = (spec.volumes ?? []).find((v) => v.name === mount.name);
-      if (!volume?.configMap) continue;  // a data volume: not knowable offline
+      if (volume?.secret?.items && !volume.secret.items.some((i) => i.path === path.slice(mount.mountPath.length + 1))) {
+        fail(where, `${a}: Secret volume ${mount.name} does not project that key`);
+      }
+      if (!volume?.configMap) continue;  // a data or Secret volume: not knowable offline
       const cm = configMaps[volume.configMap.name];
       const key = path.slice(mount.mountPath.length + 1);
       if (!cm) fail(where, `volume ${mount.name}: ConfigMap ${volume.configMap.name} is not in the manifests`);
@@ -270,6 +273,26 @@ for (const kind of ["PodDisruptionBudget"]) {
   for (const w of workloads.filter((x) => (x.spec.replicas ?? 1) > 1)) {
     const has = docs.some((o) => o.kind === kind && matches(o.spec.selector?.matchLabels, w.spec.template.metadata?.labels));
     if (!has) fail(name(w), `runs ${w.spec.replicas} replicas without a ${kind}`);
+  }
+}
+
+// Transport security and tokens agree across the cluster: one --tls mode and server name for
+// every gRPC container (a plaintext client cannot reach a TLS server); when the nodes' admin port
+// takes a token, the router and the allocator (its callers) send one.
+{
+  const containers = workloads.flatMap((w) => (w.spec.template.spec.containers ?? []).map((c) => [name(w), c]));
+  for (const flag of ["--tls", "--tls-server-name"]) {
+    const values = new Set(containers.map(([, c]) => flagValue(c, flag) ?? "(unset)"));
+    if (values.size > 1) fail("cluster", `${flag} differs between containers: ${[...values].join(", ")}`);
+  }
+  const node = containers.find(([w]) => w === "StatefulSet/serving-node");
+  if (node && flagValue(node[1], "--admin-token-file") !== undefined) {
+    for (const caller of ["Deployment/router", "StatefulSet/allocator"]) {
+      const c = containers.find(([w]) => w === caller);
+      if (c && flagValue(c[1], "--admin-token-file") === undefined) {
+        fail(caller, "the nodes' admin port requires a token, but it passes no --admin-token-file");
+      }
+    }
   }
 }
 

@@ -25,9 +25,10 @@ class GrpcPending final : public ShardTransport::Pending {
 }  // namespace
 
 GrpcShardTransport::GrpcShardTransport(const std::vector<std::string>& addresses,
-                                       int max_message_bytes) {
+                                       const TlsConfig& tls, int max_message_bytes) {
+  const ChannelOptions channel{.max_message_bytes = max_message_bytes, .tls = tls};
   for (const std::string& address : addresses) {
-    stubs_.push_back(hlem::v1::EmbeddingShard::NewStub(MakeChannel(address, max_message_bytes)));
+    stubs_.push_back(hlem::v1::EmbeddingShard::NewStub(MakeChannel(address, channel)));
   }
 }
 

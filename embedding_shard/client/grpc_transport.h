@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/grpc_security.h"
 #include "embedding_shard/core/shard_client.h"
 #include "hlem/v1/embedding_shard.grpc.pb.h"
 
@@ -14,7 +15,7 @@ namespace hlem::shard {
 
 class GrpcShardTransport final : public ShardTransport {
  public:
-  explicit GrpcShardTransport(const std::vector<std::string>& addresses,
+  explicit GrpcShardTransport(const std::vector<std::string>& addresses, const TlsConfig& tls = {},
                               int max_message_bytes = 256 << 20);
 
   std::string name() const override { return "grpc"; }

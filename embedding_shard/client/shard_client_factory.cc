@@ -63,7 +63,7 @@ absl::StatusOr<std::unique_ptr<ShardClient>> ConnectShardClient(const ShardClien
     return absl::InvalidArgumentError(absl::StrCat("need ", setup.cluster.map.num_shards,
                                                    " shard addresses, got ", addresses.size()));
   }
-  auto grpc = std::make_shared<GrpcShardTransport>(addresses);
+  auto grpc = std::make_shared<GrpcShardTransport>(addresses, setup.tls);
   ASSIGN_OR_RETURN(const ShardMap map, ShardMap::Create(setup.cluster.map));
   // Every server is asked at once, each call waiting for its server to come up (up to
   // connect_timeout). Once the servers that answered hold every partition, the others get
@@ -134,7 +134,7 @@ absl::StatusOr<std::unique_ptr<ShardClient>> ConnectShardClient(const ShardClien
   }
   std::unique_ptr<ShardTransport> transport;
   if (setup.transport == ClientTransport::kGrpc) {
-    transport = std::make_unique<GrpcShardTransport>(addresses);
+    transport = std::make_unique<GrpcShardTransport>(addresses, setup.tls);
   } else {
     UcxShardTransport::Options ucx;
     ucx.ucx = setup.cluster.ucx;

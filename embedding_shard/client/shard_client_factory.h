@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/clock.h"
+#include "common/grpc_security.h"
 #include "common/metrics.h"
 #include "embedding_shard/core/shard_client.h"
 #include "embedding_shard/core/shard_config.h"
@@ -30,6 +31,7 @@ struct ShardClientSetup {
   absl::Duration straggler_grace = absl::Seconds(1);
   absl::Duration probe_interval = absl::Milliseconds(500);
   MetricsRegistry* metrics = nullptr;  // optional: export hlem_shard_client_* here
+  TlsConfig tls;                       // the gRPC channels' (UCX reads are not covered)
 };
 
 // FAILED_PRECONDITION when a server's shard map or tables differ from the config; a server that

@@ -42,7 +42,8 @@ absl::Status NodeLinks::Join(const std::string& address) {
     absl::MutexLock lock(&mu_);
     if (links_.contains(address)) return absl::OkStatus();
   }
-  std::shared_ptr<v1::ServingNode::Stub> stub = v1::ServingNode::NewStub(MakeChannel(address));
+  std::shared_ptr<v1::ServingNode::Stub> stub =
+      v1::ServingNode::NewStub(MakeChannel(address, node_channel_));
   absl::StatusOr<v1::NodeInfo> info = FetchNodeInfo(*stub, info_timeout_);
   if (!info.ok()) {
     return absl::UnavailableError(
@@ -68,8 +69,8 @@ absl::Status NodeLinks::Join(const std::string& address) {
   link->index = *index;
   link->id = info->node_id();
   const std::string host = address.substr(0, address.rfind(':'));
-  auto admin =
-      v1::ServingNodeAdmin::NewStub(MakeChannel(absl::StrCat(host, ":", info->admin_port())));
+  auto admin = v1::ServingNodeAdmin::NewStub(
+      MakeChannel(absl::StrCat(host, ":", info->admin_port()), admin_channel_));
   link->feed = std::make_unique<GrpcResidencyFeed>(
       stub, std::shared_ptr<v1::ServingNodeAdmin::Stub>(std::move(admin)), "router");
   link->sync = std::make_unique<ResidencySync>(cluster_, link->index, *link->feed, clock_);

@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/grpc_server.h"
 #include "hlem/v1/serving_node.grpc.pb.h"
 #include "router/core/cluster.h"
 #include "router/core/residency_sync.h"
@@ -33,10 +34,19 @@ std::vector<FeatureShards> FeaturesOf(const hlem::v1::NodeInfo& info);
 
 class NodeLinks {
  public:
-  // Borrows everything.
+  // Borrows everything. `node_channel`: TLS of the channels to the nodes' serving and admin
+  // ports; the admin channel also carries `admin_token` (may be null).
   NodeLinks(Cluster& cluster, RouterServiceImpl& service, Clock& clock,
+            ChannelOptions node_channel = {}, std::shared_ptr<const TokenFile> admin_token = {},
             absl::Duration info_timeout = absl::Seconds(5))
-      : cluster_(cluster), service_(service), clock_(clock), info_timeout_(info_timeout) {}
+      : cluster_(cluster),
+        service_(service),
+        clock_(clock),
+        node_channel_(std::move(node_channel)),
+        admin_channel_{.max_message_bytes = node_channel_.max_message_bytes,
+                       .tls = node_channel_.tls,
+                       .token = std::move(admin_token)},
+        info_timeout_(info_timeout) {}
   ~NodeLinks();  // every node leaves
 
   // UNAVAILABLE when the node does not answer GetNodeInfo, FAILED_PRECONDITION when its feature
@@ -57,6 +67,7 @@ class NodeLinks {
   Cluster& cluster_;
   RouterServiceImpl& service_;
   Clock& clock_;
+  const ChannelOptions node_channel_, admin_channel_;
   const absl::Duration info_timeout_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Link>> links_ ABSL_GUARDED_BY(mu_);

@@ -48,12 +48,14 @@ grpc::Status RouterServiceImpl::Recommend(grpc::ServerContext* context,
                                           v1::RecommendResponse* response) {
   const absl::Time received = absl::Now();
   const uint32_t before = in_flight_.fetch_add(1, std::memory_order_relaxed);
-  const grpc::Status st =
-      options_.max_in_flight > 0 && before >= options_.max_in_flight
-          ? grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                         absl::StrCat("the router is at its limit of ", options_.max_in_flight,
-                                      " calls in flight"))
-          : Route(context, request, response);
+  grpc::Status st = CheckBearerToken(*context, options_.frontend_token, "hlem.v1.Router");
+  if (st.ok()) {
+    st = options_.max_in_flight > 0 && before >= options_.max_in_flight
+             ? grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                            absl::StrCat("the router is at its limit of ", options_.max_in_flight,
+                                         " calls in flight"))
+             : Route(context, request, response);
+  }
   in_flight_.fetch_sub(1, std::memory_order_relaxed);
   if (metrics_ != nullptr) {
     // An answer's own router time (the total_seconds it carries) is what the metrics count, so
@@ -183,9 +185,13 @@ grpc::Status RouterServiceImpl::Route(grpc::ServerContext* context,
   return last;
 }
 
-grpc::Status RouterServiceImpl::GetRoutingState(grpc::ServerContext*,
+grpc::Status RouterServiceImpl::GetRoutingState(grpc::ServerContext* context,
                                                 const v1::GetRoutingStateRequest*,
                                                 v1::GetRoutingStateResponse* response) {
+  if (grpc::Status s = CheckBearerToken(*context, options_.frontend_token, "hlem.v1.Router");
+      !s.ok()) {
+    return s;
+  }
   const ClusterOptions& o = cluster_.options();
   const Weights w = cluster_.weights();
   response->set_policy(PolicyName(o.policy));

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "common/grpc_security.h"
 #include "hlem/v1/router.grpc.pb.h"
 #include "hlem/v1/serving_node.grpc.pb.h"
 #include "router/core/calibration.h"
@@ -30,6 +31,8 @@ struct RouterServiceOptions {
   size_t features = 1;  // feature ids per event (the nodes' feature tables)
   // Fed with every answer's costs when set (online calibration; the caller applies its weights).
   CostCalibrator* calibrator = nullptr;
+  // When set, every call needs 'authorization: Bearer <token>' (the frontends' token).
+  const TokenFile* frontend_token = nullptr;
 };
 
 class RouterServiceImpl final : public hlem::v1::Router::Service {

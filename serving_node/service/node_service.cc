@@ -304,9 +304,10 @@ grpc::Status ServingNodeServiceImpl::StreamResidency(
   }
 }
 
-grpc::Status ServingNodeAdminImpl::SetAlpha(grpc::ServerContext*,
+grpc::Status ServingNodeAdminImpl::SetAlpha(grpc::ServerContext* context,
                                             const v1::SetAlphaRequest* request,
                                             v1::SetAlphaResponse* response) {
+  if (grpc::Status s = Authorize(*context); !s.ok()) return s;
   absl::StatusOr<AlphaResult> r =
       node_.SetAlpha(request->alpha(), request->allocator_epoch(), request->decision_id());
   if (!r.ok()) return ToGrpcStatus(r.status());
@@ -322,6 +323,7 @@ grpc::Status ServingNodeAdminImpl::SetAlpha(grpc::ServerContext*,
 grpc::Status ServingNodeAdminImpl::Drain(grpc::ServerContext* context,
                                          const v1::DrainRequest* request,
                                          v1::DrainResponse* response) {
+  if (grpc::Status s = Authorize(*context); !s.ok()) return s;
   const DrainResult r = node_.Drain(request->wait(), DeadlineOf(*context));
   response->set_drained(r.drained);
   response->set_in_flight_requests(static_cast<uint32_t>(r.in_flight_requests));
@@ -335,6 +337,7 @@ grpc::Status ServingNodeAdminImpl::Drain(grpc::ServerContext* context,
 grpc::Status ServingNodeAdminImpl::Snapshot(grpc::ServerContext* context,
                                             const v1::SnapshotRequest*,
                                             grpc::ServerWriter<v1::SnapshotChunk>* writer) {
+  if (grpc::Status s = Authorize(*context); !s.ok()) return s;
   const ResidencySnapshot snap = node_.Snapshot();
   size_t user = 0, shard = 0;
   bool first = true;

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/grpc_security.h"
 #include "hlem/v1/serving_node.grpc.pb.h"
 #include "serving_node/core/node.h"
 #include "serving_node/core/pipeline.h"
@@ -71,7 +72,9 @@ class ServingNodeServiceImpl final : public hlem::v1::ServingNode::Service {
 
 class ServingNodeAdminImpl final : public hlem::v1::ServingNodeAdmin::Service {
  public:
-  explicit ServingNodeAdminImpl(Node& node) : node_(node) {}
+  // `token` (may be null: no check): every call needs 'authorization: Bearer <token>'.
+  explicit ServingNodeAdminImpl(Node& node, const TokenFile* token = nullptr)
+      : node_(node), token_(token) {}
 
   grpc::Status SetAlpha(grpc::ServerContext* context, const hlem::v1::SetAlphaRequest* request,
                         hlem::v1::SetAlphaResponse* response) override;
@@ -81,7 +84,11 @@ class ServingNodeAdminImpl final : public hlem::v1::ServingNodeAdmin::Service {
                         grpc::ServerWriter<hlem::v1::SnapshotChunk>* writer) override;
 
  private:
+  grpc::Status Authorize(const grpc::ServerContext& context) const {
+    return CheckBearerToken(context, token_, "hlem.v1.ServingNodeAdmin");
+  }
   Node& node_;
+  const TokenFile* token_;
 };
 
 // Conversions shared with clients and tools.

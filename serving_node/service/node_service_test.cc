@@ -7,10 +7,13 @@
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "common/clock.h"
 #include "common/grpc_server.h"
 #include "common/rng.h"
+#include "google/protobuf/descriptor.h"
 #include "grpcpp/client_context.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 #include "serving_node/core/pipeline_testing.h"
 #include "serving_node/service/node_stack.h"
@@ -317,6 +320,53 @@ TEST_F(NodeServiceTest, StateInfoAlphaStreamAndSnapshot) {
     EXPECT_EQ(users, (std::vector<uint64_t>{1, 2, 3}));
     EXPECT_GT(seq, 0u);
   }
+}
+
+// Every ServingNodeAdmin method, listed from the service's descriptor (a method added later is
+// covered too), refuses a call without the admin token and one with another token.
+TEST_F(NodeServiceTest, EveryAdminMethodNeedsTheAdminToken) {
+  auto token = TokenFile::Fixed("admin-secret");
+  ServingNodeAdminImpl guarded(*stack_->node, token.get());
+  auto server = GrpcServer::Create({.listen = "127.0.0.1:0"}, {&guarded});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = absl::StrCat("127.0.0.1:", (*server)->port());
+  const google::protobuf::ServiceDescriptor* service =
+      google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
+          v1::ServingNodeAdmin::service_full_name());
+  ASSERT_NE(service, nullptr);
+  ASSERT_GE(service->method_count(), 3);
+  for (const auto& [presented, want] :
+       {std::pair{std::shared_ptr<TokenFile>(), grpc::StatusCode::UNAUTHENTICATED},
+        std::pair{TokenFile::Fixed("frontend-secret"), grpc::StatusCode::PERMISSION_DENIED}}) {
+    grpc::GenericStub stub(MakeChannel(address, ChannelOptions{.token = presented}));
+    for (int m = 0; m < service->method_count(); ++m) {
+      const std::string method =
+          absl::StrCat("/", service->full_name(), "/", service->method(m)->name());
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+      grpc::ByteBuffer request, response;  // an empty message: every field at its default
+      grpc::Slice empty("");
+      request = grpc::ByteBuffer(&empty, 1);
+      absl::Notification done;
+      grpc::Status status;
+      stub.UnaryCall(&context, method, {}, &request, &response, [&](grpc::Status s) {
+        status = std::move(s);
+        done.Notify();
+      });
+      done.WaitForNotification();
+      EXPECT_EQ(status.error_code(), want) << method << ": " << status.error_message();
+    }
+  }
+  // The admin token passes.
+  auto admin = v1::ServingNodeAdmin::NewStub(MakeChannel(address, ChannelOptions{.token = token}));
+  grpc::ClientContext context;
+  v1::SetAlphaRequest request;
+  request.set_alpha(0.5);
+  request.set_allocator_epoch(1);
+  request.set_decision_id(1);
+  v1::SetAlphaResponse response;
+  EXPECT_TRUE(admin->SetAlpha(&context, request, &response).ok());
+  (*server)->Shutdown();
 }
 
 }  // namespace

@@ -86,4 +86,10 @@ broken "a grace period shorter than preStop + drain" "terminationGracePeriodSeco
   's|terminationGracePeriodSeconds: 10|terminationGracePeriodSeconds: 6|'
 broken "a schema error" "must be integer" 's|containerPort: 9464|containerPort: "9464"|'
 broken "a router SLO other than the nodes'" "node.slo" 's|--drain-timeout=2|--slo-ms=40|'
+base="$work/paper.yaml"  # mutual TLS and tokens
+broken "one plaintext container in a TLS cluster" "--tls differs" '0,/--tls=mtls/s//--tls=off/'
+broken "a node admin caller without the admin token" "passes no --admin-token-file" \
+  '0,/--admin-token-file=\/etc\/hlem-tokens\/admin.token/s//--log-level=info/'
+broken "a TLS file outside every volume" "neither under a volume mount" \
+  '0,/--tls-ca=\/etc\/hlem-tls\/ca.crt/s//--tls-ca=\/etc\/missing\/ca.crt/'
 echo "PASS"

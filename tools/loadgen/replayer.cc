@@ -29,7 +29,7 @@ class Replayer {
   Replayer(const ReplayOptions& options, size_t features)
       : options_(options),
         F_(features),
-        stub_(v1::Router::NewStub(MakeChannel(options.router, 64 << 20))) {}
+        stub_(v1::Router::NewStub(MakeChannel(options.router, options.channel))) {}
 
   absl::Status Run(sim::TraceReader& trace, std::vector<Outcome>* out);
 

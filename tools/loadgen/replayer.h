@@ -18,15 +18,17 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/grpc_server.h"
 #include "sim/workload/trace.h"
 #include "tools/loadgen/summary.h"
 
 namespace hlem::loadgen {
 
 struct ReplayOptions {
-  std::string router;  // host:port
-  double speed = 1;    // 2: twice as fast as the trace
-  uint64_t limit = 0;  // requests (0: all)
+  std::string router;      // host:port
+  ChannelOptions channel;  // TLS and bearer token of the channel to the router
+  double speed = 1;        // 2: twice as fast as the trace
+  uint64_t limit = 0;      // requests (0: all)
   absl::Duration deadline = absl::Seconds(1);
   uint32_t max_in_flight = 4096;
   bool delta = false;
