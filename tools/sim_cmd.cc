@@ -48,6 +48,8 @@ struct SimFlags {
   uint32_t nodes = 4, emb_sample = 1;
   double alpha = 0.5, slo_ms = 0, warmup_s = 0;
   bool quiet = false, calibrate_costs = true;
+  std::string faults;
+  double fault_detection_s = 2;
 };
 
 int SimFail(absl::string_view what, const absl::Status& st) { return tools::Fail("sim", what, st); }
@@ -62,7 +64,9 @@ absl::StatusOr<SimSetup> Prepare(const SimFlags& f) {
                      .calibrate_costs = f.calibrate_costs,
                      .controller = {.name = f.controller, .weights = f.weights, .alpha = f.alpha},
                      .slo_ms = f.slo_ms,
-                     .warmup_s = f.warmup_s});
+                     .warmup_s = f.warmup_s,
+                     .faults = f.faults,
+                     .fault_detection_s = f.fault_detection_s});
 }
 
 int WriteFile(const std::string& path, const std::string& body) {
@@ -85,6 +89,18 @@ int RunSim(const SimFlags& f) {
               f.nodes, f.alpha, f.router.c_str(), f.costs.c_str(), s->twin.costs.device.c_str(),
               loadgen::FormatReport(r->report, s->slo_ms).c_str(), r->nodes.c_str(),
               SpeedLine(r->stats).c_str());
+  if (!s->twin.faults.empty()) {
+    const sim::TwinStats& st = r->stats;
+    std::printf(
+        "faults: --faults '%s' (replays exactly): %llu kills, %llu restarts; %llu requests in "
+        "flight at a killed node, %llu sent to a dead node before the router noticed (%llu "
+        "after)\n",
+        sim::FormatFaultPlan(s->twin.faults).c_str(), static_cast<unsigned long long>(st.kills),
+        static_cast<unsigned long long>(st.restarts),
+        static_cast<unsigned long long>(st.killed_in_flight),
+        static_cast<unsigned long long>(st.sent_to_dead),
+        static_cast<unsigned long long>(st.sent_to_dead_after_detection));
+  }
   // The controller's α per node, in force from the window after `window` on.
   std::string decisions = "window,node,alpha,reason\n";
   for (const sim::ControlRecord& d : r->decisions) {
@@ -485,6 +501,14 @@ void RegisterSimCommands(CLI::App& app, Run* run) {
                       "the PPO actor of hlem and ppo* (hlem train-ppo --out; "
                       "allocator_service/policies/)");
   run_cmd->add_option("--windows-csv", r->windows_csv, "write one row per window here");
+  run_cmd->add_option("--faults", r->faults,
+                      "kill and restart nodes during the replay: a plan (kill:1@5s,restart:1@7s; "
+                      "nodes from 0) or random:SEED:KILLS; the run prints the plan, which "
+                      "replays exactly");
+  run_cmd
+      ->add_option("--fault-detection-s", r->fault_detection_s,
+                   "how long the router takes to notice a dead node (its health checks)")
+      ->check(CLI::Range(0.0, 600.0));
   run_cmd->add_option("--decisions-csv", r->decisions_csv,
                       "write the controller's decisions here (window, node, alpha, reason; the "
                       "alpha is in force from the next window on)");

@@ -22,6 +22,7 @@ Twin::Twin(const TwinOptions& options)
 Twin::~Twin() {
   // Nodes first (their timers and callbacks refer to the compute units and the router).
   nodes_.clear();
+  graveyard_.clear();
   router_.reset();
   compute_.clear();
 }
@@ -78,28 +79,104 @@ absl::Status Twin::Build() {
     }
     ASSIGN_OR_RETURN(calibrator_, router::CostCalibrator::Create(*options_.calibration, ro.scorer));
   }
-  for (uint32_t i = 0; i < options_.nodes; ++i) {
-    SimNodeOptions o = options_.node;
-    o.local.node.node_id = absl::StrCat("node-", i);
-    o.local.node.seed = options_.node.local.node.seed + i;
-    o.local.memory.initial_alpha = options_.alpha;
-    o.local.link.latency += costs.copy_overhead;  // what a transfer costs beyond the link
-    SharedCompute& compute = *compute_[compute_.size() == 1 ? 0 : i];
-    ASSIGN_OR_RETURN(std::unique_ptr<SimNode> node,
-                     SimNode::Create(o, costs, compute, *generator_, /*epoch=*/1, clock_));
-    ASSIGN_OR_RETURN(int index, router_->AddNode(o.local.node.node_id, o.local.node.node_id));
-    if (index != static_cast<int>(i)) {
-      return absl::InternalError(absl::StrCat("router index ", index, " for node ", i));
-    }
-    router_->Reset(index, node->node->Snapshot());
-    // The router's residency stream: every event, in order, feed_delay later.
-    node->events->Subscribe([this, index](const serving::ResidencyEvent& e) {
-      clock_.ScheduleAfter(options_.feed_delay, [this, index, e] {
-        if (router_ != nullptr) (void)router_->Apply(index, e);
-      });
-    });
-    nodes_.push_back(std::move(node));
+  RETURN_IF_ERROR(ValidateFaultPlan(options_.faults, options_.nodes));
+  if (options_.fault_detection < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("twin.fault_detection: must be >= 0");
   }
+  slots_.resize(options_.nodes);
+  nodes_.resize(options_.nodes);
+  slot_of_index_.assign(ro.max_nodes, -1);
+  for (uint32_t i = 0; i < options_.nodes; ++i) {
+    RETURN_IF_ERROR(BringUp(i, /*epoch=*/1));
+    if (slots_[i].router_index != static_cast<int>(i)) {
+      return absl::InternalError(
+          absl::StrCat("router index ", slots_[i].router_index, " for node ", i));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Twin::BringUp(size_t i, uint64_t epoch) {
+  const CostModel& costs = options_.costs;
+  SimNodeOptions o = options_.node;
+  o.local.node.node_id = absl::StrCat("node-", i);
+  o.local.node.seed = options_.node.local.node.seed + i;
+  o.local.memory.initial_alpha = options_.alpha;
+  o.local.link.latency += costs.copy_overhead;  // what a transfer costs beyond the link
+  SharedCompute& compute = *compute_[compute_.size() == 1 ? 0 : i];
+  ASSIGN_OR_RETURN(std::unique_ptr<SimNode> node,
+                   SimNode::Create(o, costs, compute, *generator_, epoch, clock_));
+  ASSIGN_OR_RETURN(int index, router_->AddNode(o.local.node.node_id, o.local.node.node_id));
+  Slot& slot = slots_[i];
+  slot.incarnation += 1;
+  slot.epoch = epoch;
+  slot.down = false;
+  slot.router_index = index;
+  slot_of_index_[static_cast<size_t>(index)] = static_cast<int>(i);
+  router_->Reset(index, node->node->Snapshot());
+  // The router's residency stream: every event, in order, feed_delay later (none of an
+  // incarnation that has died since).
+  node->events->Subscribe(
+      [this, i, index, inc = slot.incarnation](const serving::ResidencyEvent& e) {
+        clock_.ScheduleAfter(options_.feed_delay, [this, i, index, inc, e] {
+          if (router_ != nullptr && slots_[i].incarnation == inc && !slots_[i].down) {
+            (void)router_->Apply(index, e);
+          }
+        });
+      });
+  if (nodes_[i] != nullptr) graveyard_.push_back(std::move(nodes_[i]));
+  nodes_[i] = std::move(node);
+  return absl::OkStatus();
+}
+
+absl::Status Twin::KillNode(size_t i) {
+  if (i >= nodes_.size()) return absl::InvalidArgumentError(absl::StrCat("no node ", i));
+  Slot& slot = slots_[i];
+  if (slot.down) return absl::FailedPreconditionError(absl::StrCat("node ", i, " is dead"));
+  slot.down = true;
+  slot.incarnation += 1;  // its pending callbacks and residency events are void from now on
+  slot.detect_at = clock_.Now() + options_.fault_detection;
+  stats_.kills += 1;
+  // The process is gone: its timers stop (the object stays: timers already queued refer to it).
+  SimNode& dead = *nodes_[i];
+  dead.node->Stop();
+  dead.memory->Stop();
+  dead.refiller->Cancel();
+  // Requests in flight there: the connection breaks (UNAVAILABLE; the router retries once).
+  std::vector<std::pair<uint64_t, InFlight>> broken(slot.in_flight.begin(), slot.in_flight.end());
+  slot.in_flight.clear();
+  std::sort(broken.begin(), broken.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });  // deterministic
+  const int index = slot.router_index;
+  for (auto& [trace_index, f] : broken) {
+    stats_.killed_in_flight += 1;
+    router_->Completed(index);
+    Answered(f.request, index, f.attempt, f.received, f.load,
+             absl::UnavailableError(absl::StrCat("node-", i, " died (connection reset)")));
+  }
+  // The router notices after fault_detection and drops it (and its residency).
+  clock_.ScheduleAfter(options_.fault_detection, [this, i, inc = slot.incarnation] {
+    Slot& s = slots_[i];
+    if (s.incarnation != inc || s.router_index < 0) return;
+    router_->RemoveNode(s.router_index);
+    slot_of_index_[static_cast<size_t>(s.router_index)] = -1;
+    s.router_index = -1;
+  });
+  return absl::OkStatus();
+}
+
+absl::Status Twin::RestartNode(size_t i) {
+  if (i >= nodes_.size()) return absl::InvalidArgumentError(absl::StrCat("no node ", i));
+  Slot& slot = slots_[i];
+  if (!slot.down) return absl::FailedPreconditionError(absl::StrCat("node ", i, " is alive"));
+  if (slot.router_index >= 0) {  // back before the router noticed: its new epoch replaces it
+    router_->RemoveNode(slot.router_index);
+    slot_of_index_[static_cast<size_t>(slot.router_index)] = -1;
+    slot.router_index = -1;
+  }
+  stats_.restarts += 1;
+  RETURN_IF_ERROR(BringUp(i, slot.epoch + 1));
+  nodes_[i]->Start();
   return absl::OkStatus();
 }
 
@@ -182,7 +259,8 @@ void Twin::Dispatch(std::shared_ptr<Request> r, int attempt) {
     clock_.ScheduleAfter(Hop(*r), [this, r] { Record(*r); });
     return;
   }
-  r->outcome.node = n;
+  const size_t s = static_cast<size_t>(slot_of_index_[static_cast<size_t>(n)]);
+  r->outcome.node = static_cast<int>(s);
   r->outcome.h_kv = route.decision.h_kv;
   r->outcome.h_emb = route.decision.h_emb;
   r->outcome.best_h_kv = route.decision.best_h_kv;
@@ -194,42 +272,61 @@ void Twin::Dispatch(std::shared_ptr<Request> r, int attempt) {
                          .delta = serving::ClientPrefix{.len = t.prior_events, .hash = 0}};
   const absl::Time received = clock_.Now();
   const double load = route.decision.load;
-  nodes_[static_cast<size_t>(n)]->node->Infer(
-      std::move(in),
-      [this, r, n, attempt, received, load](absl::StatusOr<serving::InferOutput> out) {
-        router_->Completed(n);
-        r->tried.push_back(n);
-        TwinOutcome& o = r->outcome;
-        o.node_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(clock_.Now() - received));
-        o.code = out.status().code();
-        o.message = std::string(out.status().message());
-        if (out.ok()) {
-          o.cached_prefix_tokens = out->cached_prefix_tokens;
-          o.computed_tokens = out->computed_tokens;
-          o.emb_hits = out->emb_hits;
-          o.emb_misses = out->emb_misses;
-          o.stale_kv_hit = out->stale_kv_hit;
-          // The node service's split (node_service.cc): lookup = emb - fetch - copy; queue = the
-          // rest.
-          auto ns = [](absl::Duration d) {
-            return static_cast<uint64_t>(std::max<int64_t>(0, absl::ToInt64Nanoseconds(d)));
-          };
-          o.fetch_ns = ns(out->fetch_seconds);
-          o.copy_ns = ns(out->copy_seconds);
-          o.lookup_ns = ns(out->emb_seconds - out->fetch_seconds - out->copy_seconds);
-          o.compute_ns = ns(out->compute_seconds);
-          o.kv_ns = ns(out->kv_seconds);
-          const uint64_t accounted = ns(out->emb_seconds + out->compute_seconds + out->kv_seconds);
-          o.queue_ns = o.node_ns > accounted ? o.node_ns - accounted : 0;
-          if (out->stale_kv_hit) router_->Forget(n, r->trace.user);
-          if (calibrator_ != nullptr) Calibrate(*out, o.queue_ns, load);
-        } else if (attempt == 0 && (o.code == absl::StatusCode::kUnavailable ||
-                                    o.code == absl::StatusCode::kResourceExhausted)) {
-          Dispatch(r, 1);  // the router's one retry on another node
-          return;
-        }
-        clock_.ScheduleAfter(Hop(*r), [this, r] { Record(*r); });
-      });
+  Slot& slot = slots_[s];
+  if (slot.down) {  // dead, and the router has not noticed yet: the connection is refused
+    stats_.sent_to_dead += 1;
+    if (clock_.Now() >= slot.detect_at) stats_.sent_to_dead_after_detection += 1;
+    router_->Completed(n);
+    Answered(r, n, attempt, received, load,
+             absl::UnavailableError(absl::StrCat("node-", s, " is down (connection refused)")));
+    return;
+  }
+  slot.in_flight[r->outcome.index] = {
+      .request = r, .attempt = attempt, .received = received, .load = load};
+  nodes_[s]->node->Infer(std::move(in),
+                         [this, r, n, s, attempt, received, load,
+                          inc = slot.incarnation](absl::StatusOr<serving::InferOutput> out) {
+                           if (slots_[s].incarnation != inc)
+                             return;  // the node died: the kill answered it
+                           slots_[s].in_flight.erase(r->outcome.index);
+                           router_->Completed(n);
+                           Answered(r, n, attempt, received, load, std::move(out));
+                         });
+}
+
+void Twin::Answered(const std::shared_ptr<Request>& r, int n, int attempt, absl::Time received,
+                    double load, absl::StatusOr<serving::InferOutput> out) {
+  r->tried.push_back(n);
+  TwinOutcome& o = r->outcome;
+  o.node_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(clock_.Now() - received));
+  o.code = out.status().code();
+  o.message = std::string(out.status().message());
+  if (out.ok()) {
+    o.cached_prefix_tokens = out->cached_prefix_tokens;
+    o.computed_tokens = out->computed_tokens;
+    o.emb_hits = out->emb_hits;
+    o.emb_misses = out->emb_misses;
+    o.stale_kv_hit = out->stale_kv_hit;
+    // The node service's split (node_service.cc): lookup = emb - fetch - copy; queue = the
+    // rest.
+    auto ns = [](absl::Duration d) {
+      return static_cast<uint64_t>(std::max<int64_t>(0, absl::ToInt64Nanoseconds(d)));
+    };
+    o.fetch_ns = ns(out->fetch_seconds);
+    o.copy_ns = ns(out->copy_seconds);
+    o.lookup_ns = ns(out->emb_seconds - out->fetch_seconds - out->copy_seconds);
+    o.compute_ns = ns(out->compute_seconds);
+    o.kv_ns = ns(out->kv_seconds);
+    const uint64_t accounted = ns(out->emb_seconds + out->compute_seconds + out->kv_seconds);
+    o.queue_ns = o.node_ns > accounted ? o.node_ns - accounted : 0;
+    if (out->stale_kv_hit) router_->Forget(n, r->trace.user);
+    if (calibrator_ != nullptr) Calibrate(*out, o.queue_ns, load);
+  } else if (attempt == 0 && (o.code == absl::StatusCode::kUnavailable ||
+                              o.code == absl::StatusCode::kResourceExhausted)) {
+    Dispatch(r, 1);  // the router's one retry on another node
+    return;
+  }
+  clock_.ScheduleAfter(Hop(*r), [this, r] { Record(*r); });
 }
 
 void Twin::Calibrate(const serving::InferOutput& out, uint64_t queue_ns, double load) {
@@ -269,6 +366,12 @@ absl::Status Twin::Start(std::function<bool(TraceRequest*)> next) {
   wall_start_ = std::chrono::steady_clock::now();
   next_ = std::move(next);
   for (auto& node : nodes_) node->Start();
+  for (const FaultEvent& e : options_.faults) {
+    clock_.ScheduleAt(start_ + e.at, [this, e] {
+      // Valid by ValidateFaultPlan: the node is alive for a kill, dead for a restart.
+      (void)(e.kind == FaultEvent::Kind::kKillNode ? KillNode(e.node) : RestartNode(e.node));
+    });
+  }
   ScheduleNext();
   return absl::OkStatus();
 }
@@ -329,7 +432,12 @@ absl::Status Twin::Finish() {
       .node_cpu = busy - background_,
       .background = background_,
       .route_calls = stats_.route_calls,
-      .route_wall_seconds = stats_.route_wall_seconds};
+      .route_wall_seconds = stats_.route_wall_seconds,
+      .kills = stats_.kills,
+      .restarts = stats_.restarts,
+      .killed_in_flight = stats_.killed_in_flight,
+      .sent_to_dead = stats_.sent_to_dead,
+      .sent_to_dead_after_detection = stats_.sent_to_dead_after_detection};
   if (!trace_error_.ok()) return trace_error_;
   if (answered_ != read_) {
     return absl::InternalError(

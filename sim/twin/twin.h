@@ -22,12 +22,14 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "router/core/calibration.h"
 #include "router/core/cluster.h"
 #include "sim/twin/cost_model.h"
+#include "sim/twin/faults.h"
 #include "sim/twin/shared_compute.h"
 #include "sim/twin/sim_node.h"
 #include "sim/workload/workload.h"
@@ -45,6 +47,11 @@ struct TwinOptions {
   // `router --calibrate-costs` does; applied every `calibration_every` answers. Off when unset.
   std::optional<router::CalibrationOptions> calibration;
   uint32_t calibration_every = 64;
+  // Node kills and restarts during the replay (sim/twin/faults.h), and how long after a kill the
+  // router notices (its health checks; until then requests routed there fail at once and are
+  // retried on another node).
+  std::vector<FaultEvent> faults;
+  absl::Duration fault_detection = absl::Seconds(2);
 };
 
 // One request's outcome.
@@ -80,6 +87,10 @@ struct TwinStats {
   // simulated routing cost is CostModel::router_overhead): how routing scales with the nodes.
   uint64_t route_calls = 0;
   double route_wall_seconds = 0;
+  // Faults (TwinOptions::faults): kills and restarts done, requests in flight at a node when it
+  // was killed, requests routed to a dead node before the router noticed, and after (must be 0).
+  uint64_t kills = 0, restarts = 0, killed_in_flight = 0, sent_to_dead = 0,
+           sent_to_dead_after_detection = 0;
 };
 
 class Twin {
@@ -119,7 +130,15 @@ class Twin {
   const std::vector<TwinOutcome>& outcomes() const { return outcomes_; }
   const TwinOptions& options() const { return options_; }
   const TwinStats& stats() const { return stats_; }
+  // A killed node stays here, stopped, until its restart replaces it.
   SimNode& node(size_t i) { return *nodes_[i]; }
+  // Faults by hand (TwinOptions::faults schedules them): FAILED_PRECONDITION when the node is
+  // already dead (KillNode) or alive (RestartNode).
+  absl::Status KillNode(size_t i);
+  absl::Status RestartNode(size_t i);
+  bool node_up(size_t i) const { return !slots_[i].down; }
+  // The router's index of node i (-1 while it is out of the router).
+  int router_index(size_t i) const { return slots_[i].router_index; }
   size_t num_nodes() const { return nodes_.size(); }
   router::Cluster& router() { return *router_; }
   // The router's cost calibration (when options().calibration is set).
@@ -138,6 +157,11 @@ class Twin {
   bool ReadSource(TraceRequest* out);  // the read-ahead first, then the source
   // Routes (attempt 0, or the router's one retry on UNAVAILABLE / RESOURCE_EXHAUSTED elsewhere).
   void Dispatch(std::shared_ptr<Request> r, int attempt);
+  // A node's answer to attempt `attempt` at router index `n` (router_->Completed done by then).
+  void Answered(const std::shared_ptr<Request>& r, int n, int attempt, absl::Time received,
+                double load, absl::StatusOr<serving::InferOutput> out);
+  // Node i's SimNode (a new incarnation on restart), joined to the router.
+  absl::Status BringUp(size_t i, uint64_t epoch);
   // One client-router-node hop of a request (half the router overhead, slowed down).
   absl::Duration Hop(const Request& r) const;
   void Record(const Request& r);
@@ -149,6 +173,25 @@ class Twin {
   std::unique_ptr<WorkloadGenerator> generator_;
   std::vector<std::unique_ptr<SharedCompute>> compute_;  // one shared, or one per node
   std::vector<std::unique_ptr<SimNode>> nodes_;
+  // Per node: its incarnation (callbacks of an older one are ignored), state, router index, and
+  // the attempts in flight there (failed at once when it is killed).
+  struct InFlight {
+    std::shared_ptr<Request> request;
+    int attempt = 0;
+    absl::Time received;
+    double load = 0;
+  };
+  struct Slot {
+    uint32_t incarnation = 0;
+    uint64_t epoch = 0;
+    bool down = false;
+    int router_index = -1;
+    absl::Time detect_at;                               // when the router notices the kill
+    absl::flat_hash_map<uint64_t, InFlight> in_flight;  // by trace index
+  };
+  std::vector<Slot> slots_;
+  std::vector<int> slot_of_index_;                   // router index -> node
+  std::vector<std::unique_ptr<SimNode>> graveyard_;  // killed incarnations (timers may refer)
   std::unique_ptr<router::Cluster> router_;
   std::unique_ptr<router::CostCalibrator> calibrator_;  // when options_.calibration is set
   uint64_t observed_ = 0;                               // answers the calibrator saw

@@ -20,23 +20,8 @@
 namespace hlem::sim {
 namespace {
 
-std::vector<TraceRequest> Generate(const WorkloadConfig& config) {
-  auto generator = WorkloadGenerator::Create(config);
-  EXPECT_TRUE(generator.ok()) << generator.status();
-  std::vector<TraceRequest> out;
-  TraceRequest r;
-  while ((*generator)->Next(&r)) out.push_back(r);
-  return out;
-}
-
-// Yields the trace's requests in order (a copy: the twin may outlive the caller's vector).
-std::function<bool(TraceRequest*)> Feed(const std::vector<TraceRequest>& trace) {
-  return [trace, i = size_t{0}](TraceRequest* r) mutable {
-    if (i == trace.size()) return false;
-    *r = trace[i++];
-    return true;
-  };
-}
+using testing::Feed;
+using testing::Generate;
 
 std::unique_ptr<Twin> RunTwin(const TwinOptions& options, const WorkloadConfig& workload,
                               const std::vector<TraceRequest>& trace) {

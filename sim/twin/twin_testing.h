@@ -1,7 +1,12 @@
 #pragma once
 // Tests only: a small twin for TinyWorkload (sim/workload/workload_testing.h): four nodes with a
 // 2 MiB pool on a slow link, the local model's shape, the local cost model's defaults.
+// Generate and Feed turn a workload into the twin's input.
 
+#include <functional>
+#include <vector>
+
+#include "gtest/gtest.h"
 #include "sim/twin/twin.h"
 #include "sim/workload/workload.h"
 
@@ -28,6 +33,25 @@ inline TwinOptions TinyTwin(const WorkloadConfig& workload) {
   t.node.model = {.layers = 2, .dim = 64, .heads = 2, .d_qk = 32, .d_v = 32, .head_hidden = 64};
   t.nodes = 4;
   return t;
+}
+
+// Every request of the workload, in order.
+inline std::vector<TraceRequest> Generate(const WorkloadConfig& config) {
+  auto generator = WorkloadGenerator::Create(config);
+  EXPECT_TRUE(generator.ok()) << generator.status();
+  std::vector<TraceRequest> out;
+  TraceRequest r;
+  while ((*generator)->Next(&r)) out.push_back(r);
+  return out;
+}
+
+// Yields the trace's requests in order (a copy: the twin may outlive the caller's vector).
+inline std::function<bool(TraceRequest*)> Feed(const std::vector<TraceRequest>& trace) {
+  return [trace, i = size_t{0}](TraceRequest* r) mutable {
+    if (i == trace.size()) return false;
+    *r = trace[i++];
+    return true;
+  };
 }
 
 }  // namespace hlem::sim::testing
