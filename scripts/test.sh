@@ -2,8 +2,9 @@
 # The README's test command: installs the Debian packages HLEM needs (idempotent), builds
 # everything, checks formatting, runs every test label and the main job's --quick pass
 # (scripts/run-local.sh), then builds the core libraries with
-# ASan+UBSan (unit and fuzz-corpus tests) and with TSan (unit tests but the single-threaded
-# simulator's). Prints each stage's time.
+# ASan+UBSan under clang (unit tests, fuzz corpora, then every libFuzzer target for
+# HLEM_FUZZ_SECONDS, 15 by default: scripts/fuzz.sh) and with TSan (unit tests but the
+# single-threaded simulator's). Prints each stage's time.
 #   scripts/test.sh            everything
 #   HLEM_JOBS=N                build parallelism (default: number of cores)
 #   HLEM_SKIP_SANITIZERS=1     skip the sanitizer stages (local iteration only; CI runs them)
@@ -72,6 +73,8 @@ if [ "${HLEM_SKIP_SANITIZERS:-0}" != "1" ]; then
   if stage "asan:configure" cmake --preset asan -S . "${build_flags[@]}" >/dev/null &&
      stage "asan:build" cmake --build --preset asan -j "$jobs"; then
     stage "asan:test" ctest --test-dir build-asan --output-on-failure --no-tests=error -j1
+    # Bounded-time fuzzing of every libFuzzer target there, from its seed corpus (issue 11).
+    stage "asan:fuzz" bash scripts/fuzz.sh build-asan "${HLEM_FUZZ_SECONDS:-15}"
   fi
   # TSan over the same core libraries (absl::Mutex seen through cmake/tsan's stand-in), except the
   # simulator's tests: the twin and the workload generator run on one thread (a discrete-event

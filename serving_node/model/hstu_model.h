@@ -35,7 +35,8 @@ class HstuModel final : public ModelRunner {
   // Weights from a state-dict file written by Python's torch.save(model.state_dict(), path) or
   // by Save; names and shapes in docs/model.md. NOT_FOUND for a missing or unreadable file;
   // INVALID_ARGUMENT naming the tensor for a missing or unexpected name, a shape that does not
-  // match `config`, or a file that is not a state dict.
+  // match `config`, a tensor that is not floating point or holds NaN or infinite values, or a
+  // file that is not a state dict.
   static absl::StatusOr<std::unique_ptr<HstuModel>> Load(const HstuConfig& config,
                                                          const std::string& path);
   // Writes the weights as a state dict (the format Load and Python's torch.load read).

@@ -1,5 +1,6 @@
 #include "serving_node/model/hstu_model.h"
 
+#include <torch/csrc/jit/serialization/pickle.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "serving_node/core/hbm_pool.h"
 #include "serving_node/core/kv_cache.h"
+#include "serving_node/model/hstu_weights.h"
 
 namespace hlem::serving {
 namespace {
@@ -268,6 +270,36 @@ TEST(HstuModelTest, WeightFileMismatchesNameTheTensor) {
   std::ofstream(garbage) << "not a torch file";
   EXPECT_EQ(HstuModel::Load(c, garbage).status().code(), absl::StatusCode::kInvalidArgument);
   std::filesystem::remove(garbage);
+}
+
+// A state dict whose names and shapes fit but whose values cannot be used.
+TEST(HstuModelTest, NonFiniteOrIntegerWeightsAreRefused) {
+  const HstuConfig c = SmallConfig();
+  const std::string path = TempPath("hstu_poisoned");
+  auto rewrite = [&](const std::string& name, const at::Tensor& value) {
+    ASSERT_TRUE((*HstuModel::CreateRandom(c, 1))->Save(path).ok());
+    std::ifstream in(path, std::ios::binary);
+    std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    c10::impl::GenericDict dict = torch::jit::pickle_load(bytes).toGenericDict();
+    const at::Tensor like = dict.at(name).toTensor();
+    dict.insert_or_assign(name, value.expand(like.sizes()).contiguous());
+    bytes = torch::jit::pickle_save(dict);
+    std::ofstream(path, std::ios::binary)
+        .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  };
+  auto expect_refused = [&](const std::string& needle) {
+    auto loaded = HstuModel::Load(c, path);
+    ASSERT_FALSE(loaded.ok());
+    EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(loaded.status().message().find(needle), std::string::npos) << loaded.status();
+  };
+  rewrite("head.2.bias", at::full({1}, NAN));
+  expect_refused("tensor 'head.2.bias' holds NaN or infinite values");
+  rewrite("layers.0.o.weight", at::full({1}, INFINITY));
+  expect_refused("tensor 'layers.0.o.weight' holds NaN or infinite values");
+  rewrite("pos.weight", at::zeros({1}, at::kLong));
+  expect_refused("tensor 'pos.weight' is not floating point");
+  std::filesystem::remove(path);
 }
 
 TEST(HstuModelTest, BadInputsAreErrors) {

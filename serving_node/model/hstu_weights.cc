@@ -98,7 +98,16 @@ absl::StatusOr<std::unique_ptr<HstuModel>> HstuModel::Load(const HstuConfig& con
                                                      "' has shape ", Shape(it->second),
                                                      ", the config needs ", Shape(like)));
     }
-    loaded[name] = it->second.to(at::kFloat).contiguous();
+    if (!it->second.is_floating_point()) {
+      return absl::InvalidArgumentError(absl::StrCat("model weights ", path, ": tensor '", name,
+                                                     "' is not floating point"));
+    }
+    at::Tensor t = it->second.to(at::kFloat).contiguous();
+    if (!at::isfinite(t).all().item<bool>()) {
+      return absl::InvalidArgumentError(absl::StrCat("model weights ", path, ": tensor '", name,
+                                                     "' holds NaN or infinite values"));
+    }
+    loaded[name] = std::move(t);
     found.erase(it);
   }
   if (!found.empty()) {

@@ -3,6 +3,7 @@
 // replayed exactly from their seed.
 #include "sim/twin/faults.h"
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,12 +22,13 @@ using Kind = FaultEvent::Kind;
 using testing::Feed;
 using testing::Generate;
 
-const router::NodeStatus* Status(const std::vector<router::NodeStatus>& nodes,
-                                 const std::string& id) {
+// The router's view of a node (by value: Nodes() returns a fresh vector).
+std::optional<router::NodeStatus> Status(const std::vector<router::NodeStatus>& nodes,
+                                         const std::string& id) {
   for (const auto& n : nodes) {
-    if (n.id == id) return &n;
+    if (n.id == id) return n;
   }
-  return nullptr;
+  return std::nullopt;
 }
 
 TEST(FaultPlanTest, ParsesFormatsAndValidates) {
@@ -81,8 +83,8 @@ TEST(TwinFaultTest, KillAndRestartANode) {
   Twin& twin = **created;
   ASSERT_TRUE(twin.Start(Feed(trace)).ok());
   twin.RunUntil(absl::Seconds(2));
-  const router::NodeStatus* before = Status(twin.router().Nodes(), "node-1");
-  ASSERT_NE(before, nullptr);
+  const std::optional<router::NodeStatus> before = Status(twin.router().Nodes(), "node-1");
+  ASSERT_TRUE(before.has_value());
   EXPECT_GT(before->resident_users, 0u);
   EXPECT_EQ(before->epoch, 1u);
   ASSERT_TRUE(twin.KillNode(1).ok());
@@ -90,17 +92,17 @@ TEST(TwinFaultTest, KillAndRestartANode) {
   twin.RunUntil(absl::Milliseconds(2400));
   EXPECT_EQ(Status(twin.router().Nodes(), "node-1")->index, 1);  // not noticed yet
   twin.RunUntil(absl::Milliseconds(2600));
-  EXPECT_EQ(Status(twin.router().Nodes(), "node-1"), nullptr);  // noticed, removed
+  EXPECT_FALSE(Status(twin.router().Nodes(), "node-1").has_value());  // noticed, removed
   EXPECT_EQ(twin.router_index(1), -1);
   twin.RunUntil(absl::Seconds(3));
   ASSERT_TRUE(twin.RestartNode(1).ok());
-  const router::NodeStatus* after = Status(twin.router().Nodes(), "node-1");
-  ASSERT_NE(after, nullptr);
+  const std::optional<router::NodeStatus> after = Status(twin.router().Nodes(), "node-1");
+  ASSERT_TRUE(after.has_value());
   EXPECT_EQ(after->epoch, 2u);
   EXPECT_EQ(after->resident_users, 0u);  // the old incarnation's residency is gone
   twin.RunUntil(absl::Seconds(4));
-  const router::NodeStatus* rejoined = Status(twin.router().Nodes(), "node-1");
-  ASSERT_NE(rejoined, nullptr);
+  const std::optional<router::NodeStatus> rejoined = Status(twin.router().Nodes(), "node-1");
+  ASSERT_TRUE(rejoined.has_value());
   EXPECT_EQ(rejoined->view, router::NodeView::kExact);  // routable, its stream followed
   EXPECT_LT(rejoined->report_age, absl::Seconds(1));
   ASSERT_TRUE(twin.Finish().ok());
