@@ -1,0 +1,171 @@
+// The router's gRPC service in-process over a fake node (a gRPC server on loopback whose Infer
+// waits until released): the door limit (--max-in-flight) and the frontend token.
+#include "router/service/router_service.h"
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/clock.h"
+#include "common/grpc_server.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace hlem::router {
+namespace {
+
+namespace v1 = ::hlem::v1;
+using ::testing::HasSubstr;
+
+// Holds every Infer until Release(); counts the calls and the most at once.
+class HeldNode final : public v1::ServingNode::Service {
+ public:
+  grpc::Status Infer(grpc::ServerContext*, const v1::InferRequest* request,
+                     v1::InferResponse* response) override {
+    const int now = in_flight_.fetch_add(1) + 1;
+    int seen = most_.load();
+    while (now > seen && !most_.compare_exchange_weak(seen, now)) {
+    }
+    calls_.fetch_add(1);
+    release_.WaitForNotificationWithTimeout(absl::Seconds(20));
+    for (int c = 0; c < request->candidates_size(); ++c) response->add_scores(0.5f);
+    response->set_num_tasks(1);
+    in_flight_.fetch_sub(1);
+    return grpc::Status::OK;
+  }
+  void Release() {
+    std::call_once(released_, [this] { release_.Notify(); });
+  }
+  int calls() const { return calls_.load(); }
+  int most() const { return most_.load(); }
+
+ private:
+  absl::Notification release_;
+  std::once_flag released_;
+  std::atomic<int> in_flight_{0}, most_{0}, calls_{0};
+};
+
+v1::RecommendRequest Request(uint64_t user) {
+  v1::RecommendRequest r;
+  r.set_user_id(user);
+  for (int i = 0; i < 4; ++i) r.add_history()->set_item_id(i + 1);
+  r.add_candidates()->set_item_id(9);
+  return r;
+}
+
+class RouterServiceTest : public ::testing::Test {
+ protected:
+  void Start(RouterServiceOptions options) {
+    auto node_server = GrpcServer::Create({.listen = "127.0.0.1:0"}, {&node_});
+    ASSERT_TRUE(node_server.ok()) << node_server.status();
+    node_server_ = std::move(*node_server);
+    ClusterOptions c;
+    c.features = {{.table_id = 0, .residency_shard_rows = 64}};
+    auto cluster = Cluster::Create(c, clock_);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = std::move(*cluster);
+    const int index = *cluster_->AddNode("node-0", "node-0");
+    serving::ResidencySnapshot snapshot;
+    snapshot.epoch = 1;
+    cluster_->Reset(index, snapshot);
+    options.features = 1;
+    service_ = std::make_unique<RouterServiceImpl>(options, *cluster_);
+    service_->SetNodeStub(
+        index,
+        v1::ServingNode::NewStub(MakeChannel(absl::StrCat("127.0.0.1:", node_server_->port()))));
+  }
+  void TearDown() override {
+    node_.Release();
+    if (node_server_) node_server_->Shutdown();
+  }
+  grpc::Status Call(uint64_t user, v1::RecommendResponse* response) {
+    grpc::ServerContext context;
+    const v1::RecommendRequest request = Request(user);
+    return service_->Recommend(&context, &request, response);
+  }
+
+  RealClock clock_;
+  HeldNode node_;
+  std::unique_ptr<GrpcServer> node_server_;
+  std::unique_ptr<Cluster> cluster_;
+  std::unique_ptr<RouterServiceImpl> service_;
+};
+
+// With --max-in-flight 2, two calls reach the node and the others are refused at once with
+// RESOURCE_EXHAUSTED (not queued); once the two finish, the door opens again.
+TEST_F(RouterServiceTest, MaxInFlightShedsAtTheDoor) {
+  Start({.max_in_flight = 2});
+  std::vector<grpc::Status> held(2);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      v1::RecommendResponse response;
+      held[static_cast<size_t>(i)] = Call(static_cast<uint64_t>(i + 1), &response);
+    });
+  }
+  for (const absl::Time until = absl::Now() + absl::Seconds(10);
+       node_.calls() < 2 && absl::Now() < until;) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(node_.calls(), 2);
+  for (int i = 0; i < 4; ++i) {
+    v1::RecommendResponse response;
+    const absl::Time t0 = absl::Now();
+    const grpc::Status refused = Call(static_cast<uint64_t>(10 + i), &response);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_THAT(refused.error_message(), HasSubstr("limit of 2"));
+    EXPECT_LT(absl::Now() - t0, absl::Seconds(1)) << "refused at once, not queued";
+  }
+  EXPECT_EQ(node_.calls(), 2);  // none of the refused reached the node
+  node_.Release();
+  for (std::thread& t : threads) t.join();
+  for (const grpc::Status& s : held) EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(node_.most(), 2);
+  v1::RecommendResponse response;
+  EXPECT_TRUE(Call(99, &response).ok());  // the count came back down
+  EXPECT_EQ(node_.calls(), 3);
+}
+
+TEST_F(RouterServiceTest, NoLimitByDefault) {
+  Start({});
+  node_.Release();
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&, i] {
+      v1::RecommendResponse response;
+      ok += Call(static_cast<uint64_t>(i + 1), &response).ok();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(ok.load(), 8);
+}
+
+// The frontend token is checked before anything else, over a real server.
+TEST_F(RouterServiceTest, FrontendTokenIsRequired) {
+  auto token = TokenFile::Fixed("frontend-secret");
+  Start({.frontend_token = token.get()});
+  node_.Release();
+  auto server = GrpcServer::Create({.listen = "127.0.0.1:0"}, {service_.get()});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = absl::StrCat("127.0.0.1:", (*server)->port());
+  auto call = [&](std::shared_ptr<TokenFile> presented) {
+    auto stub = v1::Router::NewStub(MakeChannel(address, ChannelOptions{.token = presented}));
+    grpc::ClientContext context;
+    v1::RecommendResponse response;
+    return stub->Recommend(&context, Request(5), &response).error_code();
+  };
+  EXPECT_EQ(call(nullptr), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(call(TokenFile::Fixed("admin-secret")), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(call(token), grpc::StatusCode::OK);
+  EXPECT_EQ(node_.calls(), 1);  // the refused never reached the node
+  (*server)->Shutdown();
+}
+
+}  // namespace
+}  // namespace hlem::router
