@@ -277,7 +277,11 @@ int Up(const ClusterFlags& f) {
   }
 
   std::filesystem::remove(SecurityPath(f.run_dir));
-  if (security) std::ofstream(SecurityPath(f.run_dir)) << f.security_dir << "\n";
+  if (security) {  // absolute: `cluster status` may run from another directory
+    std::error_code ec;
+    std::ofstream(SecurityPath(f.run_dir))
+        << std::filesystem::absolute(f.security_dir, ec).string() << "\n";
+  }
   std::ofstream state(StatePath(f.run_dir));
   for (const Member& m : members) {
     state << m.role << " " << m.name << " " << m.pid << " " << m.port << " " << m.binary << " "

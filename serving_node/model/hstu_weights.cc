@@ -99,8 +99,8 @@ absl::StatusOr<std::unique_ptr<HstuModel>> HstuModel::Load(const HstuConfig& con
                                                      ", the config needs ", Shape(like)));
     }
     if (!it->second.is_floating_point()) {
-      return absl::InvalidArgumentError(absl::StrCat("model weights ", path, ": tensor '", name,
-                                                     "' is not floating point"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("model weights ", path, ": tensor '", name, "' is not floating point"));
     }
     at::Tensor t = it->second.to(at::kFloat).contiguous();
     if (!at::isfinite(t).all().item<bool>()) {
