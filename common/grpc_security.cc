@@ -54,25 +54,6 @@ bool SameSecret(absl::string_view a, absl::string_view b) {
 
 }  // namespace
 
-absl::StatusOr<TlsMode> ParseTlsMode(absl::string_view name) {
-  if (name == "off") return TlsMode::kOff;
-  if (name == "tls") return TlsMode::kTls;
-  if (name == "mtls") return TlsMode::kMutual;
-  return absl::InvalidArgumentError(absl::StrCat("--tls: '", name, "' is not off, tls or mtls"));
-}
-
-absl::string_view TlsModeName(TlsMode mode) {
-  switch (mode) {
-    case TlsMode::kOff:
-      return "off";
-    case TlsMode::kTls:
-      return "tls";
-    case TlsMode::kMutual:
-      return "mtls";
-  }
-  return "?";
-}
-
 absl::Status TlsConfig::Validate(bool client_only) const {
   if (!enabled()) return absl::OkStatus();
   if (!client_only || mode == TlsMode::kMutual) {

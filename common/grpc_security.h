@@ -42,9 +42,6 @@ enum class TlsMode {
   kTls,     // servers present their certificate, clients verify it
   kMutual,  // and clients present theirs, which servers require and verify
 };
-// "off" | "tls" | "mtls".
-absl::StatusOr<TlsMode> ParseTlsMode(absl::string_view name);
-absl::string_view TlsModeName(TlsMode mode);
 
 struct TlsConfig {
   TlsMode mode = TlsMode::kOff;
