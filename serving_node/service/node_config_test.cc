@@ -5,6 +5,7 @@
 
 #include "common/config.h"
 #include "gtest/gtest.h"
+#include "serving_node/core/residency_events.h"
 
 namespace hlem::serving {
 namespace {
@@ -40,6 +41,9 @@ TEST(NodeConfigTest, DefaultsFillTheRest) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->shard_transport, "grpc");
   EXPECT_EQ(c->model_name, "hstu-random-1");
+  // The residency event log is the node's largest buffer that fills up with traffic: its default
+  // must stay small (at 1 Mi events it held 104 MiB and read as a leak in the soak).
+  EXPECT_LE(c->events_retained * sizeof(ResidencyEvent), uint64_t{8} << 20);
 }
 
 TEST(NodeConfigTest, ErrorsNameTheField) {
