@@ -92,7 +92,7 @@ int RunSim(const SimFlags& f) {
   if (!s->twin.faults.empty()) {
     const sim::TwinStats& st = r->stats;
     std::printf(
-        "faults: --faults '%s' (replays exactly): %llu kills, %llu restarts; %llu requests in "
+        "faults: --faults '%s' (replays exactly): %llu node kills, %llu restarts; %llu requests in "
         "flight at a killed node, %llu sent to a dead node before the router noticed (%llu "
         "after)\n",
         sim::FormatFaultPlan(s->twin.faults).c_str(), static_cast<unsigned long long>(st.kills),
@@ -502,8 +502,9 @@ void RegisterSimCommands(CLI::App& app, Run* run) {
                       "allocator_service/policies/)");
   run_cmd->add_option("--windows-csv", r->windows_csv, "write one row per window here");
   run_cmd->add_option("--faults", r->faults,
-                      "kill and restart nodes during the replay: a plan (kill:1@5s,restart:1@7s; "
-                      "nodes from 0) or random:SEED:KILLS; the run prints the plan, which "
+                      "kill and restart nodes or the allocator during the replay: a plan "
+                      "(kill:1@5s,restart:1@7s,kill:allocator@10s,restart:allocator@20s; nodes "
+                      "from 0) or random:SEED:KILLS (node kills); the run prints the plan, which "
                       "replays exactly");
   run_cmd
       ->add_option("--fault-detection-s", r->fault_detection_s,

@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "common/status_macros.h"
+#include "sim/twin/faults.h"
 
 namespace hlem::sim {
 
@@ -32,6 +33,7 @@ absl::StatusOr<ControlLoop> ControlLoop::Create(
   }
   ControlLoop loop(twin, options);
   const size_t n = twin.num_nodes();
+  loop.make_ = make;
   for (size_t i = 0; i < n; ++i) {
     loop.controllers_.push_back(make());
     if (loop.controllers_.back() == nullptr) {
@@ -40,12 +42,41 @@ absl::StatusOr<ControlLoop> ControlLoop::Create(
   }
   loop.history_.resize(n);
   loop.next_window_.assign(n, 0);
+  loop.epochs_.assign(n, 0);
+  for (size_t i = 0; i < n; ++i) loop.epochs_[i] = twin.node_epoch(i);
   loop.alphas_.assign(n, twin.options().alpha);
   return loop;
 }
 
+void ControlLoop::Meet(size_t i) {
+  controllers_[i] = make_();
+  const std::vector<serving::NodeWindow> windows =
+      twin_->node(i).node->Windows(options_.max_history);
+  const uint64_t next = windows.empty() ? 0 : windows.back().index;
+  if (twin_->node_epoch(i) == epochs_[i]) {
+    undecided_ += next > next_window_[i] ? next - next_window_[i] : 0;  // closed while it was dead
+  } else {
+    epochs_[i] = twin_->node_epoch(i);
+    alphas_[i] = twin_->options().alpha;  // a new incarnation starts at the configured α
+  }
+  std::vector<allocator::WindowState>& h = history_[i];
+  h.clear();
+  next_window_[i] = next;
+  for (const serving::NodeWindow& w : windows) {
+    if (w.index < next_window_[i]) h.push_back(ToWindowState(w));
+  }
+  while (h.size() + 1 > options_.max_history && !h.empty()) h.erase(h.begin());
+}
+
 absl::Status ControlLoop::Decide(std::vector<ControlRecord>* records) {
+  if (AllocatorDownAt(twin_->options().faults, twin_->elapsed())) {
+    allocator_down_ = true;
+    return absl::OkStatus();
+  }
+  const bool restarted = std::exchange(allocator_down_, false);
   for (size_t i = 0; i < controllers_.size(); ++i) {
+    if (!twin_->node_up(i)) continue;  // GetState fails: α held, nothing learnt
+    if (restarted || twin_->node_epoch(i) != epochs_[i]) Meet(i);
     for (const serving::NodeWindow& w : twin_->node(i).node->Windows(options_.max_history)) {
       if (w.index < next_window_[i]) continue;
       next_window_[i] = w.index + 1;

@@ -2,7 +2,10 @@
 // The allocator's control loop in the twin (ARCHITECTURE §3, issue 7): after each decision window
 // closes at the nodes, every node's controller (allocator_service/core) sees that node's closed
 // windows and sets its α, as the allocator service does over GetState and SetAlpha. One
-// controller instance per node (controllers keep per-node state).
+// controller instance per node incarnation (controllers keep per-node state): a restarted node
+// gets a fresh one, as does every node when the allocator itself restarts after a
+// "kill:allocator" fault (the twin's fault plan, sim/twin/faults.h); a dead node, or a dead
+// allocator, changes no α.
 
 #include <cstdint>
 #include <functional>
@@ -48,12 +51,21 @@ class ControlLoop {
   absl::Status Decide(std::vector<ControlRecord>* records);
   // The α each node runs with now (the last applied; the twin's start α before any decision).
   const std::vector<double>& alphas() const { return alphas_; }
+  // Windows that closed while the allocator or their node was dead, never decided on.
+  uint64_t undecided_windows() const { return undecided_; }
 
  private:
   ControlLoop(Twin& twin, ControlOptions options) : twin_(&twin), options_(options) {}
+  // As a (re)started allocator meets node i (allocator_service/core/allocator.cc): a fresh
+  // controller, the node's closed windows but the newest as its history, the newest next.
+  void Meet(size_t i);
   Twin* twin_;
   ControlOptions options_;
+  std::function<std::unique_ptr<allocator::Controller>()> make_;
   std::vector<std::unique_ptr<allocator::Controller>> controllers_;
+  std::vector<uint64_t> epochs_;  // per node, the incarnation its controller belongs to (0: none)
+  bool allocator_down_ = false;
+  uint64_t undecided_ = 0;
   std::vector<std::vector<allocator::WindowState>> history_;
   std::vector<uint64_t> next_window_;  // per node, the first window index not yet decided on
   std::vector<double> alphas_;

@@ -11,26 +11,31 @@
 
 namespace hlem::sim {
 
+namespace {
+constexpr absl::string_view kWant =
+    "want kill:NODE@TIME, restart:NODE@TIME, kill:allocator@TIME or restart:allocator@TIME";
+}  // namespace
+
 absl::StatusOr<std::vector<FaultEvent>> ParseFaultPlan(absl::string_view spec) {
   std::vector<FaultEvent> plan;
   for (absl::string_view item : absl::StrSplit(spec, ',', absl::SkipWhitespace())) {
     item = absl::StripAsciiWhitespace(item);
     FaultEvent e;
     absl::string_view rest = item;
-    if (absl::ConsumePrefix(&rest, "kill:")) {
-      e.kind = FaultEvent::Kind::kKillNode;
-    } else if (absl::ConsumePrefix(&rest, "restart:")) {
-      e.kind = FaultEvent::Kind::kRestartNode;
-    } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("faults: '", item, "': want kill:NODE@TIME or restart:NODE@TIME"));
+    const bool kill = absl::ConsumePrefix(&rest, "kill:");
+    if (!kill && !absl::ConsumePrefix(&rest, "restart:")) {
+      return absl::InvalidArgumentError(absl::StrCat("faults: '", item, "': ", kWant));
     }
     const std::vector<absl::string_view> parts = absl::StrSplit(rest, absl::MaxSplits('@', 1));
-    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &e.node) ||
+    const bool allocator = parts.size() == 2 && parts[0] == "allocator";
+    if (parts.size() != 2 || (!allocator && !absl::SimpleAtoi(parts[0], &e.node)) ||
         !absl::ParseDuration(parts[1], &e.at) || e.at < absl::ZeroDuration()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "faults: '", item, "': want kill:NODE@TIME or restart:NODE@TIME (e.g. kill:1@5s)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("faults: '", item, "': ", kWant, " (e.g. kill:1@5s)"));
     }
+    using Kind = FaultEvent::Kind;
+    e.kind = allocator ? (kill ? Kind::kKillAllocator : Kind::kRestartAllocator)
+                       : (kill ? Kind::kKillNode : Kind::kRestartNode);
     plan.push_back(e);
   }
   std::stable_sort(plan.begin(), plan.end(),
@@ -40,8 +45,15 @@ absl::StatusOr<std::vector<FaultEvent>> ParseFaultPlan(absl::string_view spec) {
 
 std::string FormatFaultPlan(const std::vector<FaultEvent>& plan) {
   return absl::StrJoin(plan, ",", [](std::string* out, const FaultEvent& e) {
-    absl::StrAppend(out, e.kind == FaultEvent::Kind::kKillNode ? "kill:" : "restart:", e.node, "@",
-                    absl::FormatDuration(e.at));
+    const bool kill =
+        e.kind == FaultEvent::Kind::kKillNode || e.kind == FaultEvent::Kind::kKillAllocator;
+    absl::StrAppend(out, kill ? "kill:" : "restart:");
+    if (e.allocator()) {
+      absl::StrAppend(out, "allocator");
+    } else {
+      absl::StrAppend(out, e.node);
+    }
+    absl::StrAppend(out, "@", absl::FormatDuration(e.at));
   });
 }
 
@@ -86,8 +98,19 @@ std::vector<FaultEvent> RandomFaultPlan(uint64_t seed, uint32_t nodes, absl::Dur
 
 absl::Status ValidateFaultPlan(const std::vector<FaultEvent>& plan, uint32_t nodes) {
   std::vector<bool> dead(nodes, false);
+  bool allocator_dead = false;
   for (const FaultEvent& e : plan) {
     const std::string what = FormatFaultPlan({e});
+    if (e.allocator()) {
+      const bool kill = e.kind == FaultEvent::Kind::kKillAllocator;
+      if (kill == allocator_dead) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("faults: ", what,
+                         kill ? ": the allocator is already dead" : ": the allocator is not dead"));
+      }
+      allocator_dead = kill;
+      continue;
+    }
     if (e.node >= nodes) {
       return absl::InvalidArgumentError(
           absl::StrCat("faults: ", what, ": node ", e.node, " of ", nodes));
@@ -100,6 +123,18 @@ absl::Status ValidateFaultPlan(const std::vector<FaultEvent>& plan, uint32_t nod
     dead[e.node] = kill;
   }
   return absl::OkStatus();
+}
+
+bool AllocatorDownAt(const std::vector<FaultEvent>& plan, absl::Duration t) {
+  bool down = false;
+  absl::Duration last = -absl::InfiniteDuration();
+  for (const FaultEvent& e : plan) {  // the latest allocator event at or before t (in any order)
+    if (e.allocator() && e.at <= t && e.at >= last) {
+      last = e.at;
+      down = e.kind == FaultEvent::Kind::kKillAllocator;
+    }
+  }
+  return down;
 }
 
 }  // namespace hlem::sim

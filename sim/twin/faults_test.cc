@@ -3,12 +3,15 @@
 // replayed exactly from their seed.
 #include "sim/twin/faults.h"
 
+#include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sim/twin/control.h"
 #include "sim/twin/twin.h"
 #include "sim/twin/twin_testing.h"
 #include "sim/workload/workload_testing.h"
@@ -51,6 +54,30 @@ TEST(FaultPlanTest, ParsesFormatsAndValidates) {
               HasSubstr("not dead"));
   EXPECT_THAT(std::string(ValidateFaultPlan(*ParseFaultPlan("kill:0@1s,kill:0@2s"), 2).message()),
               HasSubstr("already dead"));
+}
+
+TEST(FaultPlanTest, TheAllocatorDiesAndComesBack) {
+  auto plan = ParseFaultPlan("restart:allocator@4s,kill:allocator@1.5s,kill:0@2s");
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->size(), 3u);
+  EXPECT_EQ((*plan)[0].kind, Kind::kKillAllocator);
+  EXPECT_TRUE((*plan)[0].allocator());
+  EXPECT_FALSE((*plan)[1].allocator());
+  EXPECT_EQ(FormatFaultPlan(*plan), "kill:allocator@1.5s,kill:0@2s,restart:allocator@4s");
+  EXPECT_EQ(*ParseFaultPlan(FormatFaultPlan(*plan)), *plan);
+  EXPECT_TRUE(ValidateFaultPlan(*plan, 1).ok());  // the allocator is not a node
+  EXPECT_FALSE(AllocatorDownAt(*plan, absl::Seconds(1)));
+  EXPECT_TRUE(AllocatorDownAt(*plan, absl::Milliseconds(1500)));
+  EXPECT_TRUE(AllocatorDownAt(*plan, absl::Seconds(3)));
+  EXPECT_FALSE(AllocatorDownAt(*plan, absl::Seconds(4)));
+  EXPECT_THAT(std::string(ValidateFaultPlan(*ParseFaultPlan("restart:allocator@1s"), 2).message()),
+              HasSubstr("the allocator is not dead"));
+  EXPECT_THAT(
+      std::string(
+          ValidateFaultPlan(*ParseFaultPlan("kill:allocator@1s,kill:allocator@2s"), 2).message()),
+      HasSubstr("already dead"));
+  EXPECT_THAT(std::string(ParseFaultPlan("kill:router@1s").status().message()),
+              HasSubstr("kill:allocator@TIME"));
 }
 
 TEST(FaultPlanTest, RandomPlansAreValidReproducibleAndKeepANodeUp) {
@@ -122,6 +149,108 @@ TEST(TwinFaultTest, KillAndRestartANode) {
   EXPECT_LE(failed, s.killed_in_flight + s.sent_to_dead);
   EXPECT_EQ(failed, 0u) << "three other nodes were up: every failed attempt had a retry";
   EXPECT_TRUE(twin.node(1).kv->CheckInvariants().ok());
+}
+
+// A controller that counts its own decisions and remembers what it saw: α = 0.1 × its count, so
+// every decision changes α and a fresh instance starts again at 0.1.
+class CountingController : public allocator::Controller {
+ public:
+  struct Call {
+    size_t history = 0;   // windows it was given
+    uint64_t newest = 0;  // the newest one's index
+    int count = 0;        // this instance's decisions so far, this one included
+  };
+  explicit CountingController(std::vector<Call>* calls) : calls_(calls) {}
+  std::string name() const override { return "counting"; }
+  allocator::Decision Decide(std::span<const allocator::WindowState> history) override {
+    ++count_;
+    calls_->push_back({history.size(), history.back().index, count_});
+    return {.alpha = 0.1 * count_, .reason = allocator::Reason::kHold, .detail = ""};
+  }
+
+ private:
+  std::vector<Call>* calls_;
+  int count_ = 0;
+};
+
+struct Controlled {
+  std::vector<ControlRecord> records;
+  std::vector<CountingController::Call> calls;  // every controller's, in order
+  uint64_t undecided = 0;
+};
+
+// The windows node `node` was decided on, in order.
+std::vector<uint64_t> Decided(const Controlled& c, uint32_t node) {
+  std::vector<uint64_t> out;
+  for (const ControlRecord& r : c.records) {
+    if (r.node == node) out.push_back(r.window);
+  }
+  return out;
+}
+
+// Replays TinyWorkload (5 s; the twin's windows are 1 s) on two nodes with `plan`, a
+// CountingController per node incarnation, the decision 1 ms after each window closes.
+Controlled RunWithFaults(const std::string& plan) {
+  const WorkloadConfig workload = testing::TinyWorkload();
+  TwinOptions options = testing::TinyTwin(workload);
+  options.nodes = 2;
+  options.faults = *ParseFaultPlan(plan);
+  auto twin = Twin::Create(options, workload);
+  EXPECT_TRUE(twin.ok()) << twin.status();
+  Controlled out;
+  auto make = [&out]() -> std::unique_ptr<allocator::Controller> {
+    return std::make_unique<CountingController>(&out.calls);
+  };
+  const ControlOptions control{.window = absl::Seconds(1)};
+  auto loop = ControlLoop::Create(**twin, make, control);
+  EXPECT_TRUE(loop.ok()) << loop.status();
+  EXPECT_TRUE((*twin)->Start(Feed(Generate(workload))).ok());
+  for (int64_t k = 1; !(*twin)->done(); ++k) {
+    (*twin)->RunUntil(control.window * k + control.delay);
+    EXPECT_TRUE(loop->Decide(&out.records).ok());
+  }
+  EXPECT_TRUE((*twin)->Finish().ok());
+  out.undecided = loop->undecided_windows();
+  return out;
+}
+
+TEST(TwinFaultTest, ADeadAllocatorChangesNoAlphaAndARestartedOneStartsOver) {
+  const Controlled c = RunWithFaults("kill:allocator@1.5s,restart:allocator@3.5s");
+  // Windows 0..4 close at 1..5 s. Window 0 is decided; 1 and 2 close while the allocator is
+  // dead; the restarted allocator meets each node with a fresh controller at 4 s: windows 0..2
+  // are its history and it decides window 3, then window 4 (and any later one before the last
+  // answer).
+  for (uint32_t node = 0; node < 2; ++node) {
+    const std::vector<uint64_t> decided = Decided(c, node);
+    ASSERT_GE(decided.size(), 3u) << "node " << node;
+    EXPECT_THAT(std::vector<uint64_t>(decided.begin(), decided.begin() + 3),
+                ::testing::ElementsAre(0u, 3u, 4u))
+        << "node " << node;
+  }
+  int fresh_after_restart = 0;
+  for (const CountingController::Call& call : c.calls) {
+    if (call.newest == 3) {
+      EXPECT_EQ(call.count, 1) << "a restarted allocator's controllers are fresh";
+      EXPECT_EQ(call.history, 4u) << "windows 0..2 as history, then 3";
+      ++fresh_after_restart;
+    }
+  }
+  EXPECT_EQ(fresh_after_restart, 2);
+  EXPECT_EQ(c.undecided, 4u);  // windows 1 and 2 of both nodes
+}
+
+TEST(TwinFaultTest, ARestartedNodeGetsAFreshControllerForItsNewWindows) {
+  const Controlled c = RunWithFaults("kill:1@1.5s,restart:1@2.2s");
+  // Node 1's first incarnation closes window 0 (decided at 1 s); the second starts at 2.2 s and
+  // closes its window 0 at 3.2 s, decided at 4 s by a fresh controller, then its window 1.
+  const std::vector<uint64_t> decided = Decided(c, 1);
+  ASSERT_GE(decided.size(), 3u);
+  EXPECT_THAT(std::vector<uint64_t>(decided.begin(), decided.begin() + 3),
+              ::testing::ElementsAre(0u, 0u, 1u));
+  int fresh = 0;
+  for (const CountingController::Call& call : c.calls) fresh += call.count == 1 ? 1 : 0;
+  EXPECT_EQ(fresh, 3);  // node 0's, node 1's first and second incarnations'
+  EXPECT_EQ(c.undecided, 0u);
 }
 
 // Seeded schedules: for each seed the invariants hold, and the run replays exactly. A failure

@@ -367,6 +367,7 @@ absl::Status Twin::Start(std::function<bool(TraceRequest*)> next) {
   next_ = std::move(next);
   for (auto& node : nodes_) node->Start();
   for (const FaultEvent& e : options_.faults) {
+    if (e.allocator()) continue;  // the control loop's (sim/twin/control.h)
     clock_.ScheduleAt(start_ + e.at, [this, e] {
       // Valid by ValidateFaultPlan: the node is alive for a kill, dead for a restart.
       (void)(e.kind == FaultEvent::Kind::kKillNode ? KillNode(e.node) : RestartNode(e.node));

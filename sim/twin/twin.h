@@ -137,6 +137,8 @@ class Twin {
   absl::Status KillNode(size_t i);
   absl::Status RestartNode(size_t i);
   bool node_up(size_t i) const { return !slots_[i].down; }
+  // Node i's incarnation epoch (1, then one more per restart).
+  uint64_t node_epoch(size_t i) const { return slots_[i].epoch; }
   // The router's index of node i (-1 while it is out of the router).
   int router_index(size_t i) const { return slots_[i].router_index; }
   size_t num_nodes() const { return nodes_.size(); }
