@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -65,7 +67,17 @@ absl::Status Validate(const WorkloadConfig& c) {
   check(!c.features.empty(), "features", "at least one (feature 0 is the item table)");
   for (size_t f = 0; f < c.features.size(); ++f) {
     check(c.features[f].rows >= 1, absl::StrCat("features[", f, "].rows"), "must be >= 1");
-    check(!c.features[f].name.empty(), absl::StrCat("features[", f, "].name"), "required");
+    const std::string& name = c.features[f].name;
+    // Names go into trace headers' YAML as they are: identifiers only.
+    check(!name.empty() && name.size() <= 64 &&
+              std::all_of(name.begin(), name.end(),
+                          [](char ch) {
+                            return absl::ascii_isalnum(static_cast<unsigned char>(ch)) ||
+                                   ch == '_' || ch == '.' || ch == '-';
+                          }),
+          absl::StrCat("features[", f, "].name"),
+          absl::StrCat("'", absl::CEscape(name.substr(0, 64)),
+                       "': 1 to 64 letters, digits, '_', '.' or '-'"));
   }
   const uint64_t items = c.features.empty() ? 0 : c.features[0].rows;
   check(c.communities >= 64, "communities", "must be >= 64");

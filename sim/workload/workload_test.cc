@@ -184,6 +184,14 @@ TEST(WorkloadConfigTest, YamlRoundTripsAndErrorsNameTheField) {
   EXPECT_THAT(error("rates: 5"), HasSubstr("rates"));
   EXPECT_THAT(error("rate: [1]"), HasSubstr("workload.rate"));
   EXPECT_EQ(error(""), "ok");  // every field has a default
+  // Feature names go into trace headers as they are: identifiers only (found by
+  // workload_config_fuzz: a name with control characters wrote YAML that did not read back).
+  const std::string two = "\n  - {name: category, table_id: 1, rows: 10000}";
+  EXPECT_THAT(error("features:\n  - {name: \"item\\a\", table_id: 0, rows: 1048576}" + two),
+              HasSubstr("workload.features[0].name: 'item\\007'"));
+  EXPECT_THAT(error("features:\n  - {name: \"a,b\", table_id: 0, rows: 1048576}" + two),
+              HasSubstr("features[0].name"));
+  EXPECT_EQ(error("features:\n  - {name: item.id-2_x, table_id: 0, rows: 1048576}" + two), "ok");
 }
 
 }  // namespace
