@@ -90,6 +90,8 @@ int main(int argc, char** argv) {
   app.add_option("--ports-file", ports_file,
                  "write 'grpc=<port>', 'metrics=<port>' and 'health=<port>' here once serving");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  int grpc_max_threads = hlem::GrpcServerOptions{}.max_threads;
+  hlem::AddServerThreadsFlag(app, &grpc_max_threads);
   hlem::ClientSecurityFlags security;
   hlem::AddClientSecurityFlags(
       app, &security, "--admin-token-file",
@@ -173,6 +175,7 @@ int main(int argc, char** argv) {
   server_options.listen = listen;
   server_options.health_listen = health_listen;
   server_options.tls = security.tls;
+  server_options.max_threads = grpc_max_threads;
   auto server = hlem::GrpcServer::Create(server_options, {&service});
   if (!server.ok()) return Fail(server.status());
   hlem::WritePortsFile(ports_file, {{"grpc", (*server)->port()},

@@ -36,6 +36,14 @@ inline void AddTlsFlags(CLI::App& app, TlsConfig* tls) {
       ->check(CLI::Range(1.0, 86400.0));
 }
 
+// --grpc-max-threads: GrpcServerOptions::max_threads of every server the binary runs.
+inline void AddServerThreadsFlag(CLI::App& app, int* max_threads) {
+  app.add_option("--grpc-max-threads", *max_threads,
+                 "most threads each gRPC server runs calls on; beyond them calls are refused "
+                 "with RESOURCE_EXHAUSTED at once (0 = unbounded)")
+      ->check(CLI::Range(0, 1 << 20));
+}
+
 // A client's channel: --tls* plus a token flag (`token_flag`, e.g. "--admin-token-file") whose
 // file's content is sent as 'authorization: Bearer <token>'.
 struct ClientSecurityFlags {

@@ -20,6 +20,7 @@
 #include "grpcpp/impl/server_builder_option.h"
 #include "grpcpp/impl/server_builder_plugin.h"
 #include "grpcpp/impl/server_initializer.h"
+#include "grpcpp/resource_quota.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
@@ -115,6 +116,11 @@ absl::StatusOr<GrpcServer::Endpoint> GrpcServer::Build(const GrpcServerOptions& 
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
   builder.SetOption(std::make_unique<PluginsOption>(options.reflection, &endpoint.service_names));
+  if (options.max_threads > 0) {
+    grpc::ResourceQuota quota(absl::StrCat("hlem:", address));
+    quota.SetMaxThreads(options.max_threads);
+    builder.SetResourceQuota(quota);
+  }
   for (grpc::Service* service : services) builder.RegisterService(service);
   if (health != nullptr) {
     builder.SetOption(std::make_unique<grpc::HealthCheckServiceServerBuilderOption>(nullptr));

@@ -44,6 +44,11 @@ struct GrpcServerOptions {
                  max_connection_age_grace = absl::Seconds(30);
   absl::Duration drain_timeout = absl::Seconds(10);  // in-flight RPCs are cancelled after it
   bool reflection = true;                            // on both ports
+  // Most threads each server (public, admin, health) runs handlers on (gRPC's ResourceQuota).
+  // Beyond them a new call is refused at once with RESOURCE_EXHAUSTED "Server Threadpool
+  // Exhausted" instead of getting a thread of its own: a flood of calls cannot grow the process
+  // without bound (gRPC's sync server has no limit of its own). 0 = unbounded.
+  int max_threads = 256;
   // TLS on the public and admin ports (the health port stays plaintext). Validate() it first.
   TlsConfig tls;
 };

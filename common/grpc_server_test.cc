@@ -3,6 +3,7 @@
 #include <atomic>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -283,6 +284,48 @@ TEST_F(GrpcServerTest, DeadlineReachesTheHandler) {
   grpc::ClientContext without;
   ASSERT_TRUE(stub->Echo(&without, Request("d"), &response).ok());
   EXPECT_EQ(response.deadline_unix_ms(), -1);
+}
+
+// The thread bound: beyond max_threads concurrent calls are refused at once with
+// RESOURCE_EXHAUSTED (none hangs, none is lost); with the default bound all are served.
+TEST_F(GrpcServerTest, CallsBeyondTheThreadBoundAreRefusedAtOnce) {
+  for (const int max_threads : {3, 0}) {
+    Start({.max_threads = max_threads});
+    constexpr int kCalls = 16;
+    std::vector<grpc::Status> status(kCalls);
+    std::vector<absl::Duration> took(kCalls);
+    std::vector<std::thread> clients;
+    for (int i = 0; i < kCalls; ++i) {
+      clients.emplace_back([&, i] {
+        test::EchoResponse response;
+        const absl::Time start = absl::Now();
+        status[i] = CallEcho<test::Echo>(server_->port(), Request("x", 400), &response);
+        took[i] = absl::Now() - start;
+      });
+    }
+    for (std::thread& t : clients) t.join();
+    int ok = 0, refused = 0;
+    for (int i = 0; i < kCalls; ++i) {
+      if (status[i].ok()) {
+        ++ok;
+        continue;
+      }
+      EXPECT_EQ(status[i].error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+          << status[i].error_message();
+      EXPECT_THAT(status[i].error_message(), HasSubstr("Threadpool Exhausted"));
+      EXPECT_LT(took[i], absl::Milliseconds(350)) << "refused without waiting for a thread";
+      ++refused;
+    }
+    if (max_threads > 0) {
+      EXPECT_GT(refused, 0);
+      EXPECT_GT(ok, 0);
+      EXPECT_LT(ok, kCalls);
+    } else {
+      EXPECT_EQ(ok, kCalls);
+    }
+    server_->Shutdown();
+    server_.reset();
+  }
 }
 
 TEST(GrpcServerCreateTest, BusyPortIsUnavailable) {

@@ -45,6 +45,8 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
   hlem::TlsConfig tls;
   hlem::AddTlsFlags(app, &tls);
+  int grpc_max_threads = hlem::GrpcServerOptions{}.max_threads;
+  hlem::AddServerThreadsFlag(app, &grpc_max_threads);
   bool check_config = false;
   app.add_flag("--check-config", check_config,
                "load and validate the config, print a summary, exit: 0 if valid, 2 naming the "
@@ -117,6 +119,7 @@ int main(int argc, char** argv) {
   server_options.health_listen = health_listen;
   server_options.max_message_bytes = 256 << 20;
   server_options.tls = tls;
+  server_options.max_threads = grpc_max_threads;
   auto server = hlem::GrpcServer::Create(server_options, {&service});
   if (!server.ok()) return Fail(server.status());
 

@@ -117,6 +117,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.001, 600000.0));
   hlem::TlsConfig tls;
   hlem::AddTlsFlags(app, &tls);
+  int grpc_max_threads = hlem::GrpcServerOptions{}.max_threads;
+  hlem::AddServerThreadsFlag(app, &grpc_max_threads);
   std::string frontend_token_file, admin_token_file;
   app.add_option("--frontend-token-file", frontend_token_file,
                  "file holding the bearer token Recommend and GetRoutingState require ('' = "
@@ -235,6 +237,7 @@ int main(int argc, char** argv) {
   server_options.health_listen = health_listen;
   server_options.max_message_bytes = 64 << 20;
   server_options.tls = tls;
+  server_options.max_threads = grpc_max_threads;
   // In-flight Recommend calls carry deadlines of the order of the SLO; a longer grace would only
   // wait for idle client channels to answer the GOAWAY (docs/node.md, SIGTERM).
   server_options.drain_timeout = absl::Seconds(drain_seconds);

@@ -76,6 +76,8 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   hlem::TlsConfig tls;
   hlem::AddTlsFlags(app, &tls);
+  int grpc_max_threads = hlem::GrpcServerOptions{}.max_threads;
+  hlem::AddServerThreadsFlag(app, &grpc_max_threads);
   std::string admin_token_file;
   app.add_option("--admin-token-file", admin_token_file,
                  "file holding the bearer token the admin port requires ('' = none; re-read when "
@@ -165,6 +167,7 @@ int main(int argc, char** argv) {
   server_options.health_listen = health_listen;
   server_options.max_message_bytes = 64 << 20;
   server_options.tls = tls;
+  server_options.max_threads = grpc_max_threads;
   // The node drains admitted requests itself (Node::Drain below); after that the gRPC server only
   // has responses to flush. Its shutdown otherwise waits for idle client channels to answer the
   // GOAWAY ping, which an idle gRPC client does only at its backup poll (every 5 s).
