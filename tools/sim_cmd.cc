@@ -50,6 +50,7 @@ struct SimFlags {
   bool quiet = false, calibrate_costs = true;
   std::string faults;
   double fault_detection_s = 2;
+  double deadline_ms = 1000;
 };
 
 int SimFail(absl::string_view what, const absl::Status& st) { return tools::Fail("sim", what, st); }
@@ -66,7 +67,8 @@ absl::StatusOr<SimSetup> Prepare(const SimFlags& f) {
                      .slo_ms = f.slo_ms,
                      .warmup_s = f.warmup_s,
                      .faults = f.faults,
-                     .fault_detection_s = f.fault_detection_s});
+                     .fault_detection_s = f.fault_detection_s,
+                     .deadline_ms = f.deadline_ms});
 }
 
 int WriteFile(const std::string& path, const std::string& body) {
@@ -94,12 +96,18 @@ int RunSim(const SimFlags& f) {
     std::printf(
         "faults: --faults '%s' (replays exactly): %llu node kills, %llu restarts; %llu requests in "
         "flight at a killed node, %llu sent to a dead node before the router noticed (%llu "
-        "after)\n",
+        "after); %llu shard events: %llu fetches failed over, %llu failed UNAVAILABLE (no live "
+        "replica), %llu past their deadline, %llu attempts at a shard that did not answer\n",
         sim::FormatFaultPlan(s->twin.faults).c_str(), static_cast<unsigned long long>(st.kills),
         static_cast<unsigned long long>(st.restarts),
         static_cast<unsigned long long>(st.killed_in_flight),
         static_cast<unsigned long long>(st.sent_to_dead),
-        static_cast<unsigned long long>(st.sent_to_dead_after_detection));
+        static_cast<unsigned long long>(st.sent_to_dead_after_detection),
+        static_cast<unsigned long long>(st.shard_events),
+        static_cast<unsigned long long>(st.shard_fetches.failovers),
+        static_cast<unsigned long long>(st.shard_fetches.unavailable),
+        static_cast<unsigned long long>(st.shard_fetches.deadline_exceeded),
+        static_cast<unsigned long long>(st.shard_fetches.failed_attempts));
   }
   // The controller's α per node, in force from the window after `window` on.
   std::string decisions = "window,node,alpha,reason\n";
@@ -502,14 +510,21 @@ void RegisterSimCommands(CLI::App& app, Run* run) {
                       "allocator_service/policies/)");
   run_cmd->add_option("--windows-csv", r->windows_csv, "write one row per window here");
   run_cmd->add_option("--faults", r->faults,
-                      "kill and restart nodes or the allocator during the replay: a plan "
-                      "(kill:1@5s,restart:1@7s,kill:allocator@10s,restart:allocator@20s; nodes "
-                      "from 0) or random:SEED:KILLS (node kills); the run prints the plan, which "
-                      "replays exactly");
+                      "kill and restart nodes, the allocator or embedding shards during the "
+                      "replay: a plan (kill:1@5s,restart:1@7s,kill:allocator@10s,"
+                      "restart:allocator@20s,kill:shard0@3s,restart:shard0@6s,stop:shard1@8s,"
+                      "cont:shard1@12s; nodes and shards from 0, the shards of --node-config) or "
+                      "random:SEED:KILLS[:SHARD_FAULTS]; the run prints the plan, which replays "
+                      "exactly");
   run_cmd
       ->add_option("--fault-detection-s", r->fault_detection_s,
                    "how long the router takes to notice a dead node (its health checks)")
       ->check(CLI::Range(0.0, 600.0));
+  run_cmd
+      ->add_option("--deadline-ms", r->deadline_ms,
+                   "every request's deadline, as the load generator's (the twin enforces it "
+                   "where a shard fetch waits for a shard that does not answer)")
+      ->check(CLI::Range(1.0, 3.6e6));
   run_cmd->add_option("--decisions-csv", r->decisions_csv,
                       "write the controller's decisions here (window, node, alpha, reason; the "
                       "alpha is in force from the next window on)");

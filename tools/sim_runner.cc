@@ -3,11 +3,8 @@
 #include <algorithm>
 #include <map>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "common/status_macros.h"
 #include "sim/twin/faults.h"
 #include "sim/twin/oracle.h"
@@ -43,26 +40,14 @@ absl::StatusOr<SimSetup> PrepareSim(const SimSetupOptions& f) {
   s.trace = f.trace;
   s.twin = setup.twin;
   s.twin.fault_detection = absl::Seconds(f.fault_detection_s);
-  if (absl::string_view spec = f.faults; absl::ConsumePrefix(&spec, "random:")) {
-    uint64_t seed = 0;
-    uint32_t kills = 0;
-    const std::vector<absl::string_view> parts = absl::StrSplit(spec, ':');
-    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &seed) ||
-        !absl::SimpleAtoi(parts[1], &kills)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--faults: '", f.faults, "': want random:SEED:KILLS or a plan"));
-    }
-    s.twin.faults = sim::RandomFaultPlan(
-        seed, s.twin.nodes,
-        absl::Nanoseconds(static_cast<int64_t>((*reader)->header().duration_ns)), kills);
-  } else {
-    absl::StatusOr<std::vector<sim::FaultEvent>> plan = sim::ParseFaultPlan(f.faults);
-    if (!plan.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("--", plan.status().message()));
-    }
-    s.twin.faults = *std::move(plan);
-  }
-  if (absl::Status v = sim::ValidateFaultPlan(s.twin.faults, s.twin.nodes); !v.ok()) {
+  s.twin.deadline = absl::Microseconds(f.deadline_ms * 1e3);
+  const uint32_t shards = s.twin.shards.has_value() ? s.twin.shards->client.map.num_shards : 0;
+  absl::StatusOr<std::vector<sim::FaultEvent>> plan = sim::FaultPlanFromSpec(
+      f.faults, s.twin.nodes, shards,
+      absl::Nanoseconds(static_cast<int64_t>((*reader)->header().duration_ns)));
+  if (!plan.ok()) return absl::InvalidArgumentError(absl::StrCat("--", plan.status().message()));
+  s.twin.faults = *std::move(plan);
+  if (absl::Status v = sim::ValidateFaultPlan(s.twin.faults, s.twin.nodes, shards); !v.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--", v.message()));
   }
   s.twin.alpha = f.controller.alpha;

@@ -57,10 +57,12 @@ struct SimSetupOptions {
   allocator::ControllerSpec controller{.name = "static"};  // and the α runs start at
   double slo_ms = 0;                                       // 0: the node config's
   double warmup_s = 0;
-  // Node kills and restarts (sim/twin/faults.h): a plan ("kill:1@5s,restart:1@7s") or
-  // "random:SEED:KILLS" over the trace's duration; "" = none.
+  // Node, allocator and shard faults (sim/twin/faults.h): a plan ("kill:1@5s,restart:1@7s,
+  // stop:shard0@9s,cont:shard0@12s") or "random:SEED:KILLS[:SHARD_FAULTS]" over the trace's
+  // duration; "" = none.
   std::string faults;
   double fault_detection_s = 2;
+  double deadline_ms = 1000;  // every request's (the load generator's --deadline-ms)
 };
 
 // Reads the configs and the trace's header; errors name the flag (--trace, --controller, ...).

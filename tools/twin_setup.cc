@@ -2,6 +2,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "embedding_shard/core/shard_config.h"
 #include "router/core/policy.h"
 #include "serving_node/service/node_config.h"
 #include "sim/twin/cost_model.h"
@@ -33,6 +34,10 @@ absl::StatusOr<TwinSetup> LoadTwinSetup(const TwinFiles& f) {
   s.twin.nodes = f.nodes;
   s.twin.costs = *costs;
   s.twin.router.policy = *policy;
+  // For shard faults: the shards' map and tables, the nodes' client timings; a dead server
+  // refuses gRPC connections, over UCX shared memory it is silent (sim/twin/sim_shards.h).
+  s.twin.shards = sim::SimShardOptions{.client = shard::ClientOptionsFor(config->shards),
+                                       .dead_refuses = config->shard_transport == "grpc"};
   s.slo = config->node.slo;
   s.window = local->node.window;
   return s;

@@ -3,6 +3,8 @@
 // replayed exactly from their seed.
 #include "sim/twin/faults.h"
 
+#include <algorithm>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -297,6 +299,209 @@ TEST(TwinFaultTest, SeededSchedulesKeepTheInvariantsAndReplayExactly) {
   // of them saved by the retry.
   EXPECT_GT(disturbed, 10u);
   EXPECT_GT(retried_ok, disturbed / 2);
+}
+
+// The tiny twin's tables on `servers` shard servers (range partitioning), for shard faults.
+SimShardOptions TinyShards(const WorkloadConfig& workload, const TwinOptions& twin,
+                           uint32_t servers, uint32_t replicas, bool dead_refuses) {
+  SimShardOptions o;
+  for (const FeatureTable& f : workload.features) {
+    o.client.tables.push_back(
+        {.id = f.table_id, .name = f.name, .rows = f.rows, .dim = twin.node.model.dim});
+  }
+  o.client.map = {.num_shards = servers, .replicas = replicas};
+  o.dead_refuses = dead_refuses;
+  return o;
+}
+
+// Shard `s` out from 1 s to 3 s: stopped and continued, or killed and restarted.
+std::string OutFromOneToThree(int s, bool stop) {
+  const std::string shard = "shard" + std::to_string(s);
+  return stop ? "stop:" + shard + "@1s,cont:" + shard + "@3s"
+              : "kill:" + shard + "@1s,restart:" + shard + "@3s";
+}
+
+struct ShardRun {
+  std::vector<TwinOutcome> outcomes;
+  TwinStats stats;
+};
+
+ShardRun RunWithShards(const WorkloadConfig& workload, const std::vector<TraceRequest>& trace,
+                       TwinOptions options, const std::string& plan) {
+  auto faults = ParseFaultPlan(plan);
+  EXPECT_TRUE(faults.ok()) << faults.status();
+  options.faults = *faults;
+  auto twin = Twin::Create(options, workload);
+  EXPECT_TRUE(twin.ok()) << twin.status();
+  if (!twin.ok()) return {};
+  EXPECT_TRUE((*twin)->Run(Feed(trace)).ok()) << plan;
+  EXPECT_EQ((*twin)->outcomes().size(), trace.size());
+  for (const TwinOutcome& o : (*twin)->outcomes()) EXPECT_TRUE(o.answered) << plan;
+  return {(*twin)->outcomes(), (*twin)->stats()};
+}
+
+TEST(FaultPlanTest, ShardEventsParseFormatAndValidate) {
+  auto plan = ParseFaultPlan("cont:shard1@4s,stop:shard1@3s,restart:shard0@2s,kill:shard0@1s");
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->size(), 4u);
+  EXPECT_EQ((*plan)[0], (FaultEvent{.at = absl::Seconds(1), .kind = Kind::kKillShard, .shard = 0}));
+  EXPECT_EQ((*plan)[3],
+            (FaultEvent{.at = absl::Seconds(4), .kind = Kind::kContinueShard, .shard = 1}));
+  EXPECT_TRUE((*plan)[2].shard_event());
+  EXPECT_FALSE((*plan)[2].allocator());
+  EXPECT_EQ(FormatFaultPlan(*plan),
+            "kill:shard0@1s,restart:shard0@2s,stop:shard1@3s,cont:shard1@4s");
+  EXPECT_EQ(*ParseFaultPlan(FormatFaultPlan(*plan)), *plan);
+  EXPECT_TRUE(ValidateFaultPlan(*plan, 1, 2).ok());
+  EXPECT_THAT(std::string(ValidateFaultPlan(*plan, 1).message()), HasSubstr("no shard map"));
+  EXPECT_THAT(std::string(ValidateFaultPlan(*plan, 1, 1).message()),
+              HasSubstr("stop:shard1@3s: shard 1 of 1"));
+  auto invalid = [](const std::string& p) {
+    return std::string(ValidateFaultPlan(*ParseFaultPlan(p), 1, 2).message());
+  };
+  EXPECT_THAT(invalid("cont:shard0@1s"), HasSubstr("the shard is serving"));
+  EXPECT_THAT(invalid("restart:shard0@1s"), HasSubstr("the shard is serving"));
+  EXPECT_THAT(invalid("kill:shard0@1s,stop:shard0@2s"), HasSubstr("the shard is dead"));
+  EXPECT_THAT(invalid("stop:shard0@1s,restart:shard0@2s"), HasSubstr("the shard is stopped"));
+  EXPECT_THAT(std::string(ParseFaultPlan("stop:1@1s").status().message()),
+              HasSubstr("stop:shardS@TIME"));
+  EXPECT_FALSE(ParseFaultPlan("kill:shard@1s").ok());
+  EXPECT_FALSE(ParseFaultPlan("kill:shardx@1s").ok());
+}
+
+TEST(FaultPlanTest, RandomShardPlansAreValidAndReproducible) {
+  for (uint64_t seed = 1; seed <= 200; ++seed) {
+    const auto plan = RandomShardFaultPlan(seed, 3, absl::Seconds(20), 5);
+    EXPECT_EQ(plan, RandomShardFaultPlan(seed, 3, absl::Seconds(20), 5));
+    ASSERT_TRUE(ValidateFaultPlan(plan, 1, 3).ok()) << seed << ": " << FormatFaultPlan(plan);
+    EXPECT_EQ(*ParseFaultPlan(FormatFaultPlan(plan)), plan);
+    for (const FaultEvent& e : plan) EXPECT_TRUE(e.shard_event());
+  }
+  auto both = FaultPlanFromSpec("random:7:2:3", 3, 3, absl::Seconds(20));
+  ASSERT_TRUE(both.ok()) << both.status();
+  size_t nodes = 0, shards = 0;
+  for (const FaultEvent& e : *both) (e.shard_event() ? shards : nodes) += 1;
+  EXPECT_GE(nodes, 2u);
+  EXPECT_GE(shards, 3u);
+  EXPECT_TRUE(ValidateFaultPlan(*both, 3, 3).ok());
+  EXPECT_EQ(*FaultPlanFromSpec("kill:1@1s", 3, 0, absl::Seconds(20)), *ParseFaultPlan("kill:1@1s"));
+  EXPECT_THAT(
+      std::string(FaultPlanFromSpec("random:7", 3, 3, absl::Seconds(20)).status().message()),
+      HasSubstr("random:SEED:KILLS[:SHARD_FAULTS]"));
+  EXPECT_FALSE(FaultPlanFromSpec("random:7:2:x", 3, 3, absl::Seconds(20)).ok());
+}
+
+// A shard with a replica killed (gRPC: refused at once) or stopped (no answer: the attempt
+// timeout, then the replica): no request fails, the clients fail over.
+TEST(TwinFaultTest, AShardWithAReplicaFailsOverAndNoRequestFails) {
+  const WorkloadConfig workload = testing::TinyWorkload();
+  const std::vector<TraceRequest> trace = Generate(workload);
+  for (const bool stop : {false, true}) {
+    TwinOptions options = testing::TinyTwin(workload);
+    options.shards = TinyShards(workload, options, 2, 2, /*dead_refuses=*/true);
+    const std::string plan = OutFromOneToThree(0, stop);
+    const ShardRun run = RunWithShards(workload, trace, options, plan);
+    uint64_t slow = 0;
+    for (const TwinOutcome& o : run.outcomes) {
+      EXPECT_EQ(o.code, absl::StatusCode::kOk) << plan << ": " << o.message;
+      slow += o.fetch_ns >= 250'000'000;
+    }
+    EXPECT_EQ(run.stats.shard_events, 2u);
+    EXPECT_GT(run.stats.shard_fetches.failovers, 0u) << plan;
+    EXPECT_EQ(run.stats.shard_fetches.unavailable + run.stats.shard_fetches.deadline_exceeded, 0u);
+    if (stop) {
+      EXPECT_GT(slow, 0u) << "a stopped shard costs the attempt timeout";
+    } else {
+      EXPECT_EQ(slow, 0u) << "a refused connection fails over at once";
+    }
+    // Deterministic: the same plan gives the same log.
+    EXPECT_EQ(RunWithShards(workload, trace, options, plan).stats.log_hash, run.stats.log_hash);
+  }
+}
+
+// Without a replica: the requests that need the dead or stopped shard fail UNAVAILABLE (a stopped
+// one first costs them their deadline, until the clients mark it down), the others are served,
+// and once it is back and probed every request succeeds again.
+TEST(TwinFaultTest, WithoutAReplicaOnlyTheRequestsThatNeedTheShardFail) {
+  const WorkloadConfig workload = testing::TinyWorkload();
+  const std::vector<TraceRequest> trace = Generate(workload);
+  for (const bool stop : {false, true}) {
+    TwinOptions options = testing::TinyTwin(workload);
+    options.shards = TinyShards(workload, options, 2, 1, /*dead_refuses=*/true);
+    options.deadline = absl::Milliseconds(300);
+    const std::string plan = OutFromOneToThree(1, stop);
+    const ShardRun run = RunWithShards(workload, trace, options, plan);
+    uint64_t failed = 0, served_during = 0;
+    for (const TwinOutcome& o : run.outcomes) {
+      const absl::Duration sent = absl::Nanoseconds(static_cast<int64_t>(o.sent_ns));
+      if (o.code == absl::StatusCode::kOk) {
+        served_during += sent > absl::Seconds(1) && sent < absl::Seconds(3);
+        continue;
+      }
+      ++failed;
+      EXPECT_EQ(o.code, absl::StatusCode::kUnavailable) << plan << ": " << o.message;
+      EXPECT_THAT(o.message, HasSubstr("rows of table")) << plan;
+      // Only while the shard was out (until the clients' next probe after it came back).
+      EXPECT_GT(sent, absl::Seconds(1) - absl::Milliseconds(300)) << plan;
+      EXPECT_LT(sent, absl::Seconds(3) + absl::Milliseconds(500)) << plan;
+    }
+    EXPECT_GT(failed, 10u) << plan;
+    EXPECT_GT(served_during, 0u) << plan << ": requests that need only shard 0 are served";
+    const SimShards::Counters& c = run.stats.shard_fetches;
+    EXPECT_GT(c.unavailable, 0u) << plan;
+    if (stop) {
+      EXPECT_GT(c.deadline_exceeded, 0u) << "the first fetches wait for their deadline";
+    } else {
+      EXPECT_EQ(c.deadline_exceeded, 0u) << "a refused connection fails at once";
+    }
+  }
+}
+
+// Seeded shard schedules (kills and stops of shards with one replica each, several down at once
+// at times): every request has one outcome, failures are UNAVAILABLE and only while a shard was
+// out, and the run replays exactly.
+TEST(TwinFaultTest, SeededShardSchedulesKeepTheInvariantsAndReplayExactly) {
+  const WorkloadConfig workload = testing::TinyWorkload();
+  const std::vector<TraceRequest> trace = Generate(workload);
+  uint64_t failovers = 0;
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    TwinOptions options = testing::TinyTwin(workload);
+    options.nodes = 3;
+    options.shards = TinyShards(workload, options, 3, 2, /*dead_refuses=*/seed % 2 == 0);
+    options.deadline = absl::Milliseconds(500);
+    auto plan = FaultPlanFromSpec("random:" + std::to_string(seed) + ":0:4", options.nodes, 3,
+                                  absl::Seconds(5));
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const std::string spec = FormatFaultPlan(*plan);
+    const std::string replay = "seed " + std::to_string(seed) + ", plan --faults '" + spec + "'";
+    // When some shard was out: from its fault to its return plus a probe interval.
+    std::vector<std::pair<absl::Duration, absl::Duration>> out;
+    std::map<uint32_t, size_t> open;  // shard -> its outage in `out`
+    for (const FaultEvent& e : *plan) {
+      if (e.kind == Kind::kKillShard || e.kind == Kind::kStopShard) {
+        open[e.shard] = out.size();
+        out.push_back({e.at, absl::InfiniteDuration()});
+      } else {
+        out[open.at(e.shard)].second = e.at + absl::Milliseconds(500);
+      }
+    }
+    const ShardRun run = RunWithShards(workload, trace, options, spec);
+    for (const TwinOutcome& o : run.outcomes) {
+      if (o.code == absl::StatusCode::kOk) continue;
+      EXPECT_EQ(o.code, absl::StatusCode::kUnavailable) << replay << ": " << o.message;
+      const absl::Duration sent = absl::Nanoseconds(static_cast<int64_t>(o.sent_ns));
+      EXPECT_TRUE(std::any_of(out.begin(), out.end(),
+                              [&](const auto& w) {
+                                return sent + absl::Milliseconds(500) >= w.first &&
+                                       sent <= w.second;
+                              }))
+          << replay << ": request sent at " << sent << " failed with no shard out: " << o.message;
+    }
+    failovers += run.stats.shard_fetches.failovers;
+    EXPECT_EQ(RunWithShards(workload, trace, options, spec).stats.log_hash, run.stats.log_hash)
+        << replay << ": not deterministic";
+  }
+  EXPECT_GT(failovers, 0u);
 }
 
 }  // namespace

@@ -37,6 +37,10 @@ struct SimExecutor::Job {
     uint32_t table_id = 0;
     std::vector<uint64_t> fetch, admit, reserved;  // sampled rows (all rows when emb_sample = 1)
     uint64_t estimated_misses = 0;  // of the rows outside the sample (emb_sample > 1)
+    // The shard partitions the fetch reads (with shard faults only): those of `fetch`, and when
+    // rows outside the sample miss, those of every row outside it (which of them miss is not
+    // known: an upper bound).
+    std::vector<uint32_t> partitions;
     uint64_t Fetched() const { return fetch.size() + estimated_misses; }
   };
   std::vector<Table> tables;
@@ -204,7 +208,7 @@ void SimExecutor::Prepare(Job& job) {
         std::count_if(features.begin() + static_cast<std::ptrdiff_t>(f), features.end(),
                       [&](const auto& g) { return g.table_id == table; }) *
         (ids.size() / F)));
-    std::vector<uint64_t> rows;
+    std::vector<uint64_t> rows, outside;  // `outside`: with shard faults only
     uint64_t unsampled = 0;
     Job::Table t{.table_id = table};
     for (size_t g = f; g < F; ++g) {
@@ -216,6 +220,7 @@ void SimExecutor::Prepare(Job& job) {
           rows.push_back(ids[i]);
         } else {
           ++unsampled;
+          if (parts_.shards != nullptr) outside.push_back(ids[i]);
         }
       }
     }
@@ -251,6 +256,12 @@ void SimExecutor::Prepare(Job& job) {
       rate.missed = rate.missed * kSampleDecay + static_cast<double>(t.fetch.size());
       rate.looked_up = rate.looked_up * kSampleDecay + static_cast<double>(rows.size());
     }
+    if (parts_.shards != nullptr) {
+      parts_.shards->PartitionsOf(table, t.fetch, &t.partitions);
+      if (t.estimated_misses > 0) parts_.shards->PartitionsOf(table, outside, &t.partitions);
+      std::sort(t.partitions.begin(), t.partitions.end());
+      t.partitions.erase(std::unique(t.partitions.begin(), t.partitions.end()), t.partitions.end());
+    }
     const uint64_t fetched = t.Fetched();
     job.out.emb_misses += fetched;
     job.out.emb_hits += seen.size() - fetched;
@@ -278,7 +289,28 @@ void SimExecutor::FetchFrom(Job& job, size_t table) {
     if (job.copies_in_flight == 0) Prepared(job);
     return;
   }
-  const absl::Duration fetch = costs_.FetchTime(job.tables[table].Fetched()) * job.slowdown;
+  absl::Duration fetch = costs_.FetchTime(job.tables[table].Fetched()) * job.slowdown;
+  if (parts_.shards != nullptr) {
+    // Shard faults: failed attempts first; no live replica or the deadline passed: the request
+    // fails as the pipeline fails it (UNAVAILABLE naming the fetch), after its copies so far.
+    const Job::Table& t = job.tables[table];
+    SimShards::Fetch f =
+        parts_.shards->Start(parts_.shard_client, t.table_id, t.partitions, job.in.deadline);
+    if (!f.status.ok()) {
+      job.out.fetch_seconds += f.waited;
+      job.out.emb_seconds += f.waited;
+      job.error = absl::UnavailableError(absl::StrCat("fetching ", t.Fetched(), " rows of table ",
+                                                      t.table_id, ": ", f.status.message()));
+      clock_.ScheduleAfter(f.waited, [this, &job, alive = alive_] {
+        if (!*alive) return;
+        job.fetches_done = true;
+        job.copy_wait_from = clock_.Now();
+        if (job.copies_in_flight == 0) Prepared(job);
+      });
+      return;
+    }
+    fetch += f.waited;
+  }
   job.out.fetch_seconds += fetch;
   job.out.emb_seconds += fetch;
   clock_.ScheduleAfter(fetch, [this, &job, table, alive = alive_] {
@@ -384,11 +416,9 @@ void SimExecutor::FinishBatch() {
   MaybeStartBatch();
 }
 
-absl::StatusOr<std::unique_ptr<SimNode>> SimNode::Create(const SimNodeOptions& options,
-                                                         const CostModel& costs,
-                                                         SharedCompute& compute,
-                                                         const WorkloadGenerator& events,
-                                                         uint64_t epoch, Clock& clock) {
+absl::StatusOr<std::unique_ptr<SimNode>> SimNode::Create(
+    const SimNodeOptions& options, const CostModel& costs, SharedCompute& compute,
+    const WorkloadGenerator& events, uint64_t epoch, Clock& clock, SimShards* shards) {
   const serving::LocalNodeOptions& o = options.local;
   const uint32_t every = options.emb_sample;
   if (every == 0) return absl::InvalidArgumentError("emb_sample: must be positive (1 = every row)");
@@ -421,13 +451,19 @@ absl::StatusOr<std::unique_ptr<SimNode>> SimNode::Create(const SimNodeOptions& o
                                                      .windows = o.node.hot_windows,
                                                      .threshold = o.residency_threshold},
                                                     *n->emb, n->events.get()));
-  n->executor = std::make_unique<SimExecutor>(options, costs, compute, events,
-                                              SimExecutor::Parts{.kv = n->kv.get(),
-                                                                 .emb = n->emb.get(),
-                                                                 .device = n->device.get(),
-                                                                 .sketch = n->sketch.get(),
-                                                                 .tracker = n->tracker.get()},
-                                              clock);
+  n->executor = std::make_unique<SimExecutor>(
+      options, costs, compute, events,
+      SimExecutor::Parts{.kv = n->kv.get(),
+                         .emb = n->emb.get(),
+                         .device = n->device.get(),
+                         .sketch = n->sketch.get(),
+                         .tracker = n->tracker.get(),
+                         .shards = shards,
+                         // Probes out of step from node to node and incarnation to incarnation.
+                         .shard_client = shards != nullptr
+                                             ? shards->NewClient(o.node.seed + (epoch << 32) + 1)
+                                             : 0},
+      clock);
   ASSIGN_OR_RETURN(n->node, serving::Node::Create(o.node,
                                                   {.executor = n->executor.get(),
                                                    .memory = n->memory.get(),

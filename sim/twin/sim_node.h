@@ -15,7 +15,8 @@
 //      emb_sample > 1). CPU work: request_overhead + lookup_per_row × rows, on the shared
 //      compute units.
 //   3. Per table with misses (and rows pending under another request's copy): one shard fetch
-//      (fetch_overhead + fetch_per_row × rows, a delay), then ReserveBatch and one critical copy
+//      (fetch_overhead + fetch_per_row × rows, a delay; with shard faults, plus what failed
+//      attempts cost, or UNAVAILABLE: SimShards), then ReserveBatch and one critical copy
 //      per run of consecutive slots over the node's link (EmulatedLink, shared with refill), and
 //      one staged copy of the fetched rows the cache did not take (no room at α = 0, or pending
 //      under another request's copy): every row a request uses crosses the link once, as on a
@@ -54,6 +55,7 @@
 #include "sim/twin/cost_model.h"
 #include "sim/twin/shared_compute.h"
 #include "sim/twin/sim_device.h"
+#include "sim/twin/sim_shards.h"
 #include "sim/workload/workload.h"
 
 namespace hlem::sim {
@@ -79,6 +81,8 @@ class SimExecutor final : public serving::InferExecutor {
     serving::Device* device = nullptr;
     serving::PopularitySketch* sketch = nullptr;   // may be null
     serving::ResidencyTracker* tracker = nullptr;  // may be null
+    SimShards* shards = nullptr;                   // shard faults; null: fetches never fail
+    uint32_t shard_client = 0;                     // this node's client of `shards`
   };
   SimExecutor(const SimNodeOptions& options, const CostModel& costs, SharedCompute& compute,
               const WorkloadGenerator& events, const Parts& parts, Clock& clock);
@@ -136,11 +140,9 @@ class SimRowSource final : public serving::RowSource {
 struct SimNode {
   // Builds the node's parts in dependency order (LocalNode's, with the simulated device and
   // executor). `compute` and `events` are borrowed. Errors name the option.
-  static absl::StatusOr<std::unique_ptr<SimNode>> Create(const SimNodeOptions& options,
-                                                         const CostModel& costs,
-                                                         SharedCompute& compute,
-                                                         const WorkloadGenerator& events,
-                                                         uint64_t epoch, Clock& clock);
+  static absl::StatusOr<std::unique_ptr<SimNode>> Create(
+      const SimNodeOptions& options, const CostModel& costs, SharedCompute& compute,
+      const WorkloadGenerator& events, uint64_t epoch, Clock& clock, SimShards* shards = nullptr);
   ~SimNode();
   // Starts the memory manager's steps and the node's timers.
   void Start();

@@ -79,9 +79,19 @@ absl::Status Twin::Build() {
     }
     ASSIGN_OR_RETURN(calibrator_, router::CostCalibrator::Create(*options_.calibration, ro.scorer));
   }
-  RETURN_IF_ERROR(ValidateFaultPlan(options_.faults, options_.nodes));
+  if (options_.shards.has_value() &&
+      std::any_of(options_.faults.begin(), options_.faults.end(),
+                  [](const FaultEvent& e) { return e.shard_event(); })) {
+    ASSIGN_OR_RETURN(shards_, SimShards::Create(*options_.shards, clock_));
+  }
+  RETURN_IF_ERROR(
+      ValidateFaultPlan(options_.faults, options_.nodes,
+                        options_.shards.has_value() ? options_.shards->client.map.num_shards : 0));
   if (options_.fault_detection < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("twin.fault_detection: must be >= 0");
+  }
+  if (options_.deadline <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("twin.deadline: must be > 0");
   }
   slots_.resize(options_.nodes);
   nodes_.resize(options_.nodes);
@@ -105,7 +115,7 @@ absl::Status Twin::BringUp(size_t i, uint64_t epoch) {
   o.local.link.latency += costs.copy_overhead;  // what a transfer costs beyond the link
   SharedCompute& compute = *compute_[compute_.size() == 1 ? 0 : i];
   ASSIGN_OR_RETURN(std::unique_ptr<SimNode> node,
-                   SimNode::Create(o, costs, compute, *generator_, epoch, clock_));
+                   SimNode::Create(o, costs, compute, *generator_, epoch, clock_, shards_.get()));
   ASSIGN_OR_RETURN(int index, router_->AddNode(o.local.node.node_id, o.local.node.node_id));
   Slot& slot = slots_[i];
   slot.incarnation += 1;
@@ -265,11 +275,13 @@ void Twin::Dispatch(std::shared_ptr<Request> r, int attempt) {
   r->outcome.h_emb = route.decision.h_emb;
   r->outcome.best_h_kv = route.decision.best_h_kv;
   r->outcome.best_h_emb = route.decision.best_h_emb;
-  serving::InferInput in{.user = t.user,
-                         .history = t.new_events,
-                         .candidates = t.candidates,
-                         .expected_kv_resident = route.decision.h_kv >= 1.0,
-                         .delta = serving::ClientPrefix{.len = t.prior_events, .hash = 0}};
+  serving::InferInput in{
+      .user = t.user,
+      .history = t.new_events,
+      .candidates = t.candidates,
+      .expected_kv_resident = route.decision.h_kv >= 1.0,
+      .deadline = start_ + absl::Nanoseconds(static_cast<int64_t>(t.t_ns)) + options_.deadline,
+      .delta = serving::ClientPrefix{.len = t.prior_events, .hash = 0}};
   const absl::Time received = clock_.Now();
   const double load = route.decision.load;
   Slot& slot = slots_[s];
@@ -368,6 +380,16 @@ absl::Status Twin::Start(std::function<bool(TraceRequest*)> next) {
   for (auto& node : nodes_) node->Start();
   for (const FaultEvent& e : options_.faults) {
     if (e.allocator()) continue;  // the control loop's (sim/twin/control.h)
+    if (e.shard_event()) {
+      clock_.ScheduleAt(start_ + e.at, [this, e] {
+        using Kind = FaultEvent::Kind;
+        stats_.shard_events += 1;
+        shards_->Set(e.shard, e.kind == Kind::kKillShard   ? SimShards::State::kKilled
+                              : e.kind == Kind::kStopShard ? SimShards::State::kStopped
+                                                           : SimShards::State::kUp);
+      });
+      continue;
+    }
     clock_.ScheduleAt(start_ + e.at, [this, e] {
       // Valid by ValidateFaultPlan: the node is alive for a kill, dead for a restart.
       (void)(e.kind == FaultEvent::Kind::kKillNode ? KillNode(e.node) : RestartNode(e.node));
@@ -438,7 +460,9 @@ absl::Status Twin::Finish() {
       .restarts = stats_.restarts,
       .killed_in_flight = stats_.killed_in_flight,
       .sent_to_dead = stats_.sent_to_dead,
-      .sent_to_dead_after_detection = stats_.sent_to_dead_after_detection};
+      .sent_to_dead_after_detection = stats_.sent_to_dead_after_detection,
+      .shard_events = stats_.shard_events,
+      .shard_fetches = shards_ != nullptr ? shards_->counters() : SimShards::Counters{}};
   if (!trace_error_.ok()) return trace_error_;
   if (answered_ != read_) {
     return absl::InternalError(

@@ -52,6 +52,13 @@ struct TwinOptions {
   // retried on another node).
   std::vector<FaultEvent> faults;
   absl::Duration fault_detection = absl::Seconds(2);
+  // The embedding shards (map, tables, the nodes' shard-client timings), for the plan's shard
+  // faults (sim/twin/sim_shards.h); used only when the plan has shard events. Unset or unused, a
+  // fetch costs what the cost model says and never fails.
+  std::optional<SimShardOptions> shards;
+  // The deadline every request carries (the load generator's --deadline-ms, 1 s by default). The
+  // twin enforces it only where a shard fetch waits for a server that does not answer.
+  absl::Duration deadline = absl::Seconds(1);
 };
 
 // One request's outcome.
@@ -91,6 +98,9 @@ struct TwinStats {
   // was killed, requests routed to a dead node before the router noticed, and after (must be 0).
   uint64_t kills = 0, restarts = 0, killed_in_flight = 0, sent_to_dead = 0,
            sent_to_dead_after_detection = 0;
+  // Shard faults: events done, and the nodes' fetches as SimShards counts them.
+  uint64_t shard_events = 0;
+  SimShards::Counters shard_fetches;
 };
 
 class Twin {
@@ -139,6 +149,8 @@ class Twin {
   bool node_up(size_t i) const { return !slots_[i].down; }
   // Node i's incarnation epoch (1, then one more per restart).
   uint64_t node_epoch(size_t i) const { return slots_[i].epoch; }
+  // The shards when the plan has shard faults (else null).
+  const SimShards* shards() const { return shards_.get(); }
   // The router's index of node i (-1 while it is out of the router).
   int router_index(size_t i) const { return slots_[i].router_index; }
   size_t num_nodes() const { return nodes_.size(); }
@@ -195,6 +207,7 @@ class Twin {
   std::vector<int> slot_of_index_;                   // router index -> node
   std::vector<std::unique_ptr<SimNode>> graveyard_;  // killed incarnations (timers may refer)
   std::unique_ptr<router::Cluster> router_;
+  std::unique_ptr<SimShards> shards_;                   // when the plan has shard faults
   std::unique_ptr<router::CostCalibrator> calibrator_;  // when options_.calibration is set
   uint64_t observed_ = 0;                               // answers the calibrator saw
   std::vector<TwinOutcome> outcomes_;
