@@ -15,6 +15,12 @@ mapfile -t commands < <(ctest --test-dir "$build" -N -V -L fuzz 2>/dev/null |
 failed=0
 for command in "${commands[@]}"; do
   eval "set -- $command"  # ctest quotes each argument
+  # A target configured but not built (the fuzz-services preset builds no libtorch target):
+  # ctest then names no binary. Say so and go on.
+  if [ "${1:-}" = "-runs=0" ] || [ ! -x "${1:-}" ]; then
+    echo "fuzz: the target of corpus ${2:-$3} is not built in $build, skipped"
+    continue
+  fi
   binary=$1 corpus=${3:?}
   name=$(basename "$binary")
   mkdir -p "$scratch/$name"
