@@ -83,8 +83,7 @@ absl::StatusOr<std::vector<FaultEvent>> ParseFaultPlan(absl::string_view spec) {
   for (absl::string_view item : absl::StrSplit(spec, ',', absl::SkipWhitespace())) {
     item = absl::StripAsciiWhitespace(item);
     FaultEvent e;
-    absl::string_view rest = item;
-    const std::vector<absl::string_view> verb = absl::StrSplit(rest, absl::MaxSplits(':', 1));
+    const std::vector<absl::string_view> verb = absl::StrSplit(item, absl::MaxSplits(':', 1));
     const std::vector<absl::string_view> parts =
         absl::StrSplit(verb.size() == 2 ? verb[1] : "", absl::MaxSplits('@', 1));
     auto bad = [&] {
