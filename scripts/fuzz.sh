@@ -18,7 +18,7 @@ for command in "${commands[@]}"; do
   # A target configured but not built (the fuzz-services preset builds no libtorch target):
   # ctest then names no binary. Say so and go on.
   if [ "${1:-}" = "-runs=0" ] || [ ! -x "${1:-}" ]; then
-    echo "fuzz: the target of corpus ${2:-$3} is not built in $build, skipped"
+    echo "fuzz: the target of corpus ${*: -1} is not built in $build, skipped"
     continue
   fi
   binary=$1 corpus=${3:?}

@@ -391,6 +391,25 @@ TEST(FaultPlanTest, RandomShardPlansAreValidAndReproducible) {
   EXPECT_FALSE(FaultPlanFromSpec("random:7:2:x", 3, 3, absl::Seconds(20)).ok());
 }
 
+// A plan with shard events needs the shards' map; a request deadline must be positive.
+TEST(TwinFaultTest, ShardFaultsNeedAShardMap) {
+  const WorkloadConfig workload = testing::TinyWorkload();
+  TwinOptions options = testing::TinyTwin(workload);
+  options.faults = *ParseFaultPlan("stop:shard0@1s");
+  auto twin = Twin::Create(options, workload);
+  EXPECT_EQ(twin.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(twin.status().message()), HasSubstr("no shard map"));
+  options.shards = TinyShards(workload, options, 1, 1, /*dead_refuses=*/true);
+  EXPECT_TRUE(Twin::Create(options, workload).ok());
+  options.faults = *ParseFaultPlan("stop:shard1@1s");
+  EXPECT_THAT(std::string(Twin::Create(options, workload).status().message()),
+              HasSubstr("stop:shard1@1s: shard 1 of 1"));
+  options.faults.clear();
+  options.deadline = absl::ZeroDuration();
+  EXPECT_THAT(std::string(Twin::Create(options, workload).status().message()),
+              HasSubstr("twin.deadline"));
+}
+
 // A shard with a replica killed (gRPC: refused at once) or stopped (no answer: the attempt
 // timeout, then the replica): no request fails, the clients fail over.
 TEST(TwinFaultTest, AShardWithAReplicaFailsOverAndNoRequestFails) {

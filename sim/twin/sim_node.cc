@@ -259,8 +259,6 @@ void SimExecutor::Prepare(Job& job) {
     if (parts_.shards != nullptr) {
       parts_.shards->PartitionsOf(table, t.fetch, &t.partitions);
       if (t.estimated_misses > 0) parts_.shards->PartitionsOf(table, outside, &t.partitions);
-      std::sort(t.partitions.begin(), t.partitions.end());
-      t.partitions.erase(std::unique(t.partitions.begin(), t.partitions.end()), t.partitions.end());
     }
     const uint64_t fetched = t.Fetched();
     job.out.emb_misses += fetched;

@@ -44,7 +44,9 @@ SimShards::SimShards(const SimShardOptions& options, shard::ShardMap map, const 
       dead_refuses_(options.dead_refuses),
       map_(std::move(map)),
       clock_(clock) {
-  for (const shard::TableSpec& t : options_.tables) layouts_.emplace(t.id, map_.Layout(t));
+  for (const shard::TableSpec& t : options_.tables) {
+    tables_.emplace(t.id, Table{.layout = map_.Layout(t), .rows = t.rows});
+  }
   history_.resize(map_.num_shards());
   for (uint32_t p = 0; p < map_.num_shards(); ++p) servers_of_.push_back(map_.ServersOf(p));
 }
@@ -98,32 +100,20 @@ bool SimShards::BelievesUp(uint32_t client, uint32_t server, absl::Time t) const
 
 void SimShards::PartitionsOf(uint32_t table, std::span<const uint64_t> rows,
                              std::vector<uint32_t>* out) const {
-  auto it = layouts_.find(table);
-  if (it == layouts_.end()) return;
-  const shard::TableLayout& layout = it->second;
-  const uint64_t limit =
-      std::find_if(options_.tables.begin(), options_.tables.end(), [&](const shard::TableSpec& t) {
-        return t.id == table;
-      })->rows;
-  const size_t before = out->size();
+  auto it = tables_.find(table);
+  if (it == tables_.end()) return;
+  const shard::TableLayout& layout = it->second.layout;
   for (uint64_t row : rows) {
-    if (row < limit) out->push_back(layout.PartitionOfSlot(layout.SlotOfRow(row)));
+    if (row < it->second.rows) out->push_back(layout.PartitionOfSlot(layout.SlotOfRow(row)));
   }
-  std::sort(out->begin() + static_cast<std::ptrdiff_t>(before), out->end());
-  out->erase(std::unique(out->begin() + static_cast<std::ptrdiff_t>(before), out->end()),
-             out->end());
+  std::sort(out->begin(), out->end());
+  out->erase(std::unique(out->begin(), out->end()), out->end());
 }
 
 SimShards::Fetch SimShards::Start(uint32_t client, uint32_t table,
                                   std::span<const uint32_t> partitions, absl::Time deadline) {
   ++counters_.fetches;
   const absl::Time now = clock_.Now();
-  // Marks older than the newest one at or before now can no longer decide a view (views are
-  // asked at now or later): drop them.
-  for (auto& [key, marks] : marks_) {
-    auto m = std::upper_bound(marks.begin(), marks.end(), now);
-    if (m - marks.begin() > 1) marks.erase(marks.begin(), std::prev(m));
-  }
   Fetch f;
   std::vector<size_t> next(partitions.size(), 0);
   std::vector<bool> open(partitions.size(), true);
@@ -164,6 +154,11 @@ SimShards::Fetch SimShards::Start(uint32_t client, uint32_t table,
       ++counters_.failed_attempts;
       std::vector<absl::Time>& marks = marks_[MarkKey(client, server)];
       marks.insert(std::upper_bound(marks.begin(), marks.end(), group_deadline), group_deadline);
+      // Marks older than the newest one at or before now can no longer decide a view (views are
+      // asked at now or later): drop them.
+      if (auto m = std::upper_bound(marks.begin(), marks.end(), now); m - marks.begin() > 1) {
+        marks.erase(marks.begin(), std::prev(m));
+      }
       if (group_deadline == t) {
         absl::StrAppend(&failures, "; shard ", server, ": connection refused");
       } else {

@@ -51,12 +51,8 @@ class SimShards {
   static absl::StatusOr<std::unique_ptr<SimShards>> Create(const SimShardOptions& options,
                                                            const Clock& clock);
 
-  uint32_t num_shards() const { return map_.num_shards(); }
-  const shard::ShardMap& map() const { return map_; }
-
   // A server changes state now (the fault plan's kill/restart/stop/cont).
   void Set(uint32_t server, State state);
-  State state(uint32_t server) const { return StateAt(server, clock_.Now()); }
 
   // A shard client starting now (a node incarnation): it asks every server at start, so its view
   // begins as the servers' states. Its probes run every probe_interval from a phase keyed by
@@ -64,8 +60,9 @@ class SimShards {
   // step with each other.
   uint32_t NewClient(uint64_t probe_key = 0);
 
-  // The partitions of `table`'s rows, appended to `out` (sorted, distinct). Unknown table:
-  // nothing (the node refuses the request before it fetches).
+  // The partitions of `table`'s rows (ids beyond the table left out) added to `out`, which is
+  // then sorted and distinct. Unknown table: nothing added (the node refuses the request before
+  // it fetches).
   void PartitionsOf(uint32_t table, std::span<const uint64_t> rows,
                     std::vector<uint32_t>* out) const;
 
@@ -94,7 +91,11 @@ class SimShards {
   const bool dead_refuses_;
   const shard::ShardMap map_;
   const Clock& clock_;
-  absl::flat_hash_map<uint32_t, shard::TableLayout> layouts_;       // by table id
+  struct Table {
+    shard::TableLayout layout;
+    uint64_t rows = 0;
+  };
+  absl::flat_hash_map<uint32_t, Table> tables_;                     // by table id
   std::vector<std::vector<std::pair<absl::Time, State>>> history_;  // per server, in time order
   std::vector<std::vector<uint32_t>> servers_of_;                   // per partition
   std::vector<absl::Time> client_start_;  // and its first probe one interval + phase later
