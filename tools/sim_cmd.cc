@@ -522,8 +522,8 @@ void RegisterSimCommands(CLI::App& app, Run* run) {
       ->check(CLI::Range(0.0, 600.0));
   run_cmd
       ->add_option("--deadline-ms", r->deadline_ms,
-                   "every request's deadline, as the load generator's (the twin enforces it "
-                   "where a shard fetch waits for a shard that does not answer)")
+                   "every request's deadline, as the load generator's (the client, the node's "
+                   "queue and pipeline and the shard fetches enforce it as the real ones do)")
       ->check(CLI::Range(1.0, 3.6e6));
   run_cmd->add_option("--decisions-csv", r->decisions_csv,
                       "write the controller's decisions here (window, node, alpha, reason; the "

@@ -95,12 +95,16 @@ void SimExecutor::MaybeStartBatch() {
   if (busy_ || queue_.empty()) return;
   busy_ = true;
   // Up to max_batch requests of distinct users, oldest first; a user's second request waits.
-  // One that waited longer than max_delay is shed now (RequestQueue's rule), not served late.
+  // RequestQueue's rules: one whose deadline passed while queued is answered DEADLINE_EXCEEDED,
+  // one that waited longer than max_delay is shed now, not served late.
   absl::flat_hash_set<uint64_t> users;
   const absl::Time now = clock_.Now();
   for (auto it = queue_.begin();
        it != queue_.end() && batch_.size() < options_.local.queue.max_batch;) {
-    if (now - (*it)->enqueued > options_.local.queue.max_delay) {
+    if (now >= (*it)->in.deadline) {
+      (*it)->done(absl::DeadlineExceededError("deadline passed while queued"));
+      it = queue_.erase(it);
+    } else if (now - (*it)->enqueued > options_.local.queue.max_delay) {
       (*it)->done(absl::ResourceExhaustedError("node overloaded: waited over max_delay"));
       it = queue_.erase(it);
     } else if (users.insert((*it)->in.user).second) {
@@ -127,6 +131,11 @@ void SimExecutor::PrepareNext() {
 }
 
 void SimExecutor::Prepare(Job& job) {
+  if (clock_.Now() >= job.in.deadline) {  // the pipeline's check on arrival
+    job.error = absl::DeadlineExceededError("deadline passed on arrival");
+    Prepared(job);
+    return;
+  }
   const size_t F = features();
   const uint64_t user = job.in.user;
   job.prior = job.in.delta.has_value() ? job.in.delta->len : 0;
@@ -287,6 +296,13 @@ void SimExecutor::FetchFrom(Job& job, size_t table) {
     if (job.copies_in_flight == 0) Prepared(job);
     return;
   }
+  if (clock_.Now() >= job.in.deadline) {  // the pipeline's check before each table's fetch
+    job.error = absl::DeadlineExceededError("deadline passed before the embedding fetch");
+    job.fetches_done = true;
+    job.copy_wait_from = clock_.Now();
+    if (job.copies_in_flight == 0) Prepared(job);
+    return;
+  }
   absl::Duration fetch = costs_.FetchTime(job.tables[table].Fetched()) * job.slowdown;
   if (parts_.shards != nullptr) {
     // Shard faults: failed attempts first; no live replica or the deadline passed: the request
@@ -367,6 +383,9 @@ void SimExecutor::Prepared(Job& job) {
   }
   for (const Job::Table& t : job.tables) {
     if (!t.reserved.empty()) (void)parts_.emb->Commit(t.table_id, t.reserved);
+  }
+  if (job.error.ok() && clock_.Now() >= job.in.deadline) {  // the pipeline's check before compute
+    job.error = absl::DeadlineExceededError("deadline passed before compute");
   }
   ++next_;
   PrepareNext();

@@ -14,6 +14,7 @@ struct Twin::Request {
   TraceRequest trace;
   TwinOutcome outcome;
   std::vector<int> tried;
+  bool recorded = false;  // the client has its outcome (an answer, or its deadline passed)
 };
 
 Twin::Twin(const TwinOptions& options)
@@ -238,6 +239,14 @@ bool Twin::ScheduleNext() {
       compute_[0]->Run(options_.costs.background_cpu, [] {});
     }
     clock_.ScheduleAfter(Hop(*r), [this, r] { Dispatch(r, 0); });
+    // The client's deadline (the load generator's gRPC deadline): DEADLINE_EXCEEDED then, whatever
+    // the router and the nodes are still doing with the request; a later answer is dropped.
+    clock_.ScheduleAfter(options_.deadline, [this, r] {
+      if (r->recorded) return;
+      r->outcome.code = absl::StatusCode::kDeadlineExceeded;
+      r->outcome.message = "Deadline Exceeded";
+      Record(*r);
+    });
   });
   return true;
 }
@@ -355,7 +364,9 @@ void Twin::Calibrate(const serving::InferOutput& out, uint64_t queue_ns, double 
   if (st.calibrated) (void)router_->SetWeights(st.weights);  // valid: shares of positive costs
 }
 
-void Twin::Record(const Request& r) {
+void Twin::Record(Request& r) {
+  if (r.recorded) return;  // the deadline came first
+  r.recorded = true;
   TwinOutcome o = r.outcome;
   o.latency_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(clock_.Now() - start_) -
                                        static_cast<int64_t>(o.sent_ns));

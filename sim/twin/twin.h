@@ -56,8 +56,10 @@ struct TwinOptions {
   // faults (sim/twin/sim_shards.h); used only when the plan has shard events. Unset or unused, a
   // fetch costs what the cost model says and never fails.
   std::optional<SimShardOptions> shards;
-  // The deadline every request carries (the load generator's --deadline-ms, 1 s by default). The
-  // twin enforces it only where a shard fetch waits for a server that does not answer.
+  // The deadline every request carries (the load generator's --deadline-ms, 1 s by default),
+  // enforced where the real system enforces it: the client gets DEADLINE_EXCEEDED when it passes;
+  // the node answers a request that expired in its queue, before an embedding fetch or before
+  // compute with DEADLINE_EXCEEDED; a shard fetch waits for an unanswering server until then.
   absl::Duration deadline = absl::Seconds(1);
 };
 
@@ -178,7 +180,8 @@ class Twin {
   absl::Status BringUp(size_t i, uint64_t epoch);
   // One client-router-node hop of a request (half the router overhead, slowed down).
   absl::Duration Hop(const Request& r) const;
-  void Record(const Request& r);
+  // The client's outcome of `r`, once: its answer or its deadline, whichever comes first.
+  void Record(Request& r);
   // Feeds one answer to the calibrator; every calibration_every answers, its weights to the router.
   void Calibrate(const serving::InferOutput& out, uint64_t queue_ns, double load);
 
