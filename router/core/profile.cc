@@ -1,6 +1,7 @@
 #include "router/core/profile.h"
 
 #include <algorithm>
+#include <bit>
 
 #include "absl/container/flat_hash_map.h"
 
@@ -17,10 +18,13 @@ void Count(std::span<const uint64_t> ids, std::span<const FeatureShards> feature
   for (size_t g = 0; g < F; ++g) {
     const FeatureShards& f = features[g];
     const uint64_t rows = std::max<uint64_t>(1, f.residency_shard_rows);
+    // Shard sizes are powers of two in every profile: a shift, not a 64-bit division per id.
+    const bool pow2 = (rows & (rows - 1)) == 0;
+    const int shift = std::countr_zero(rows);
     uint64_t shard = 0;
     uint32_t run = 0;
     for (size_t i = g; i < ids.size(); i += F) {
-      const uint64_t s = ids[i] / rows;
+      const uint64_t s = pow2 ? ids[i] >> shift : ids[i] / rows;
       if (run > 0 && s != shard) {
         (*counts)[ShardKey{f.table_id, shard}] += run;
         run = 0;
