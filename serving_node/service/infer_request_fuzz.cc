@@ -9,6 +9,7 @@
 #include "common/clock.h"
 #include "grpcpp/server_context.h"
 #include "serving_node/core/row_source.h"
+#include "serving_node/service/infer_fuzzing.h"
 #include "serving_node/service/node_service.h"
 #include "serving_node/service/node_stack.h"
 
@@ -35,28 +36,10 @@ class GeneratedRows final : public RowSource {
 struct Fixture {
   Fixture() {
     SetComputeThreads(1);
-    NodeConfig c;
-    c.pool_bytes = 64 * 4096;
-    c.page_bytes = 4096;
-    c.shards.tables = {{.id = 0, .name = "item", .rows = 1000, .dim = 8},
-                       {.id = 5, .name = "category", .rows = 20, .dim = 8}};
-    c.features = {"item", "category"};
-    c.model = {.layers = 1,
-               .dim = 8,
-               .heads = 2,
-               .d_qk = 4,
-               .d_v = 4,
-               .head_hidden = 8,
-               .targets = 2,
-               .attn_norm = 8,
-               .max_positions = 128};
-    c.max_history = 64;
-    c.max_candidates = 16;
-    c.max_request_events = 100;
-    c.refill_enabled = false;
-    stack = *NodeStack::Build(c, rows, 1, clock);
+    stack = *NodeStack::Build(fuzzing::SmallNodeConfig(kTargets), rows, 1, clock);
     service = std::make_unique<ServingNodeServiceImpl>(*stack->node, NodeDescription{});
   }
+  static constexpr uint32_t kTargets = 2;
   hlem::RealClock clock;
   GeneratedRows rows;
   std::unique_ptr<NodeStack> stack;
@@ -67,11 +50,5 @@ struct Fixture {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static Fixture* fixture = new Fixture();
-  hlem::v1::InferRequest request;
-  if (!request.ParseFromArray(data, static_cast<int>(size))) return 0;
-  grpc::ServerContext context;
-  hlem::v1::InferResponse response;
-  const grpc::Status status = fixture->service->Infer(&context, &request, &response);
-  if (status.ok() && response.scores_size() != request.candidates_size() * 2) __builtin_trap();
-  return 0;
+  return fuzzing::FuzzInfer(*fixture->service, Fixture::kTargets, data, size);
 }
