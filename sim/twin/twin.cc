@@ -342,9 +342,10 @@ void Twin::Answered(const std::shared_ptr<Request>& r, int n, int attempt, absl:
     o.queue_ns = o.node_ns > accounted ? o.node_ns - accounted : 0;
     if (out->stale_kv_hit) router_->Forget(n, r->trace.user);
     if (calibrator_ != nullptr) Calibrate(*out, o.queue_ns, load);
-  } else if (attempt == 0 && (o.code == absl::StatusCode::kUnavailable ||
-                              o.code == absl::StatusCode::kResourceExhausted)) {
-    Dispatch(r, 1);  // the router's one retry on another node
+  } else if (attempt == 0 && !r->recorded &&
+             (o.code == absl::StatusCode::kUnavailable ||
+              o.code == absl::StatusCode::kResourceExhausted)) {
+    Dispatch(r, 1);  // the router's one retry on another node, while the deadline lasts
     return;
   }
   clock_.ScheduleAfter(Hop(*r), [this, r] { Record(*r); });
