@@ -70,6 +70,10 @@ void TraceWriter::Hash(const std::string& bytes) {
 
 absl::Status TraceWriter::Append(const TraceRequest& r) {
   if (finished_) return absl::FailedPreconditionError("trace: already finished");
+  if (r.omitted_events != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "trace: request of user ", r.user, " leaves events out (a sketched read, not a trace)"));
+  }
   if (r.new_events.size() % F_ != 0 || r.candidates.size() % F_ != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("trace: request of user ", r.user, ": ids not a multiple of ", F_));
@@ -256,13 +260,18 @@ absl::StatusOr<bool> TraceReader::Next(TraceRequest* out) {
   if (!Varint(&dt) || !Varint(&out->user) || !Varint(&out->prior_events) || !Varint(&events)) {
     return Corrupt(absl::StrCat("record ", count_, ": truncated"));
   }
+  out->omitted_events = 0;
   if (events_ != nullptr) {
     const size_t F = header_.features.size();
     if (events > (uint64_t{1} << 32) / F) {
       return Corrupt(absl::StrCat("record ", count_, ": too long"));
     }
     out->new_events.clear();
-    events_->AppendEventsOf(out->user, out->prior_events, events, &out->new_events);
+    if (omit_first_visits_ && out->prior_events == 0) {
+      out->omitted_events = events;
+    } else {
+      events_->AppendEventsOf(out->user, out->prior_events, events, &out->new_events);
+    }
   } else if (absl::Status st = Ids(events, &out->new_events); !st.ok()) {
     return st;
   }

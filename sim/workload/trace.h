@@ -85,6 +85,10 @@ class TraceReader {
   // for a corrupt or truncated file.
   absl::StatusOr<bool> Next(TraceRequest* out);
   uint64_t records() const { return count_; }
+  // A generated trace's first visits come without their events (TraceRequest::omitted_events),
+  // for the simulator's sketched histories: their regeneration is most of a paper-scale replay.
+  // Explicit traces carry their events as they are.
+  void OmitFirstVisits(bool omit) { omit_first_visits_ = omit; }
 
  private:
   explicit TraceReader(std::ifstream in) : in_(std::move(in)) {}
@@ -101,6 +105,7 @@ class TraceReader {
   TraceHeader header_;
   uint64_t count_ = 0, hash_ = 0xcbf29ce484222325ULL, last_t_ = 0;
   bool done_ = false;
+  bool omit_first_visits_ = false;
 };
 
 // Writes every request of `generator` to `path`; returns the record count. `generated_events`:

@@ -187,6 +187,32 @@ TEST_F(TraceTest, DamageIsAnErrorNotAShortTrace) {
   EXPECT_EQ(TraceReader::Open(Path("missing")).status().code(), absl::StatusCode::kNotFound);
 }
 
+// For the simulator's sketched histories: first visits come without their events, counted in
+// omitted_events; every other request reads as it is.
+TEST_F(TraceTest, FirstVisitsCanBeReadWithoutTheirEvents) {
+  const std::string path = Write(7, "omit");
+  auto plain = *TraceReader::Open(path);
+  auto omit = *TraceReader::Open(path);
+  omit->OmitFirstVisits(true);
+  TraceRequest want, got;
+  uint64_t first_visits = 0, n = 0;
+  while (*plain->Next(&want)) {
+    ASSERT_TRUE(*omit->Next(&got));
+    ++n;
+    if (want.prior_events == 0) {
+      ++first_visits;
+      EXPECT_TRUE(got.new_events.empty());
+      EXPECT_EQ(got.omitted_events, want.new_events.size() / 2);
+      got.new_events = want.new_events;
+      got.omitted_events = 0;
+    }
+    ASSERT_EQ(got, want) << "record " << n;
+  }
+  EXPECT_FALSE(*omit->Next(&got));
+  EXPECT_GT(first_visits, 10u);
+  EXPECT_LT(first_visits, n);
+}
+
 TEST_F(TraceTest, WriterRejectsRaggedOrBackwardRequests) {
   const std::string p = Path("w");
   paths_.push_back(p);
@@ -195,6 +221,8 @@ TEST_F(TraceTest, WriterRejectsRaggedOrBackwardRequests) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(w->Append({.t_ns = 5, .user = 1, .new_events = {1, 2}}).ok());
   EXPECT_EQ(w->Append({.t_ns = 4, .user = 1}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(w->Append({.t_ns = 6, .user = 1, .omitted_events = 3}).code(),
+            absl::StatusCode::kInvalidArgument);  // a sketched read is not a trace
   EXPECT_TRUE(w->Finish().ok());
   EXPECT_TRUE(ReadAll(p).ok());
 }

@@ -359,11 +359,15 @@ WorkloadGenerator::Homes WorkloadGenerator::HomesOf(uint64_t user) const {
   return out;
 }
 
+uint32_t WorkloadGenerator::CommunityOf(SplitMix64& rng, const Homes& homes) const {
+  if (Unit(rng) >= config_.home_share) return community_by_rank_[community_zipf_(rng)];
+  return homes[rng() % homes.size()];
+}
+
 WorkloadGenerator::Drawn WorkloadGenerator::Item(uint64_t user, uint64_t event,
                                                  const Homes& homes) const {
   SplitMix64 rng(KeyedHash(config_.seed, user, event));
-  if (Unit(rng) >= config_.home_share) return PopularItem(rng);
-  const uint32_t community = homes[rng() % homes.size()];
+  const uint32_t community = CommunityOf(rng, homes);
   return {community * community_rows_ + item_zipf_(rng), community};
 }
 

@@ -112,6 +112,10 @@ struct TraceRequest {
   uint64_t prior_events = 0;  // events the user sent before this request
   std::vector<uint64_t> new_events;
   std::vector<uint64_t> candidates;
+  // Events the request has beyond new_events, left out for the simulator to sketch (a first
+  // visit read with TraceReader::OmitFirstVisits; sim/workload/history_sketch.h): its events are
+  // prior_events … + omitted_events − 1, then new_events. 0 everywhere else.
+  uint64_t omitted_events = 0;
   bool operator==(const TraceRequest&) const = default;
 };
 
@@ -138,11 +142,41 @@ class WorkloadGenerator {
   // communities drawn once).
   void AppendEventsOf(uint64_t user, uint64_t first, uint64_t count,
                       std::vector<uint64_t>* out) const;
+  // Events first … first + count − 1 of `user`, each as far as its item's community:
+  // fn(event, community, rng), with `rng` the event's keyed stream right after the community's
+  // draw, where AppendEventsOf goes on to draw the item's rank (the simulator's history sketches
+  // draw from it instead: sim/workload/history_sketch.h). The same communities as AppendEventsOf.
+  template <typename Fn>
+  void ForEachEventCommunity(uint64_t user, uint64_t first, uint64_t count, Fn&& fn) const {
+    if (count == 0) return;
+    const Homes homes = HomesOf(user);
+    for (uint64_t j = first; j < first + count; ++j) {
+      SplitMix64 rng(KeyedHash(config_.seed, user, j));
+      fn(j, CommunityOf(rng, homes), rng);
+    }
+  }
+
+  // The item model, for history sketches: community c holds items c · community_rows() …
+  // (c + 1) · community_rows() − 1, ranked by id; item_zipf() draws the rank.
+  uint64_t community_rows() const { return community_rows_; }
+  const ZipfSampler& item_zipf() const { return item_zipf_; }
+  // Feature f's (f >= 1) row of an item of community c (what the events carry).
+  uint64_t DerivedRow(size_t f, uint64_t item, uint32_t community) const {
+    return Derived(f, {item, community});
+  }
+  // Feature f's (f >= 1) rows of community c: DerivedRow is within [first, first + count).
+  std::pair<uint64_t, uint64_t> DerivedRange(size_t f, uint32_t community) const {
+    const DerivedTable& d = derived_[f];
+    const uint64_t first = d.base[community];
+    return {first, std::min(d.slice, d.last_row - first + 1)};
+  }
 
  private:
   explicit WorkloadGenerator(const WorkloadConfig& config);
   using Homes = absl::InlinedVector<uint32_t, 3>;  // a user's home communities (max_home <= 3)
   Homes HomesOf(uint64_t user) const;
+  // The community of an event's item (its first draws from the event's stream).
+  uint32_t CommunityOf(SplitMix64& rng, const Homes& homes) const;
   struct Drawn {  // an item and its community
     uint64_t item = 0, community = 0;
   };

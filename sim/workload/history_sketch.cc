@@ -1,0 +1,315 @@
+#include "sim/workload/history_sketch.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace hlem::sim {
+
+namespace {
+
+constexpr uint64_t kDerivedHead = 8192;       // item ranks whose derived rows are placed exactly
+constexpr uint64_t kMaxDerivedSlice = 65536;  // a derived feature's rows per community
+constexpr double kGridStep = 1.2;             // the distinct tables' spacing beyond m = 32
+constexpr uint64_t kGridEnd = uint64_t{1} << 26;
+
+double Unit(SplitMix64& g) { return static_cast<double>(g() >> 11) * 0x1.0p-53; }
+
+}  // namespace
+
+struct HistorySketcher::Conditional {
+  std::vector<uint64_t> rows;  // the sampled rows placed exactly
+  std::vector<double> cum;     // their cumulative probability
+  double head = 0;             // cum.back()
+  double q = 0;                // the probability that an event uses a sampled row
+};
+
+struct HistorySketcher::ShardShare {
+  uint64_t shard = 0;
+  double share = 0;        // of the community's events
+  bool exclusive = false;  // no other community has rows in it
+};
+
+struct HistorySketcher::Community {
+  Conditional item;
+  std::vector<ShardShare> item_shards;
+  struct Derived {
+    Conditional sampled;
+    std::vector<double> distinct;  // on grid_m_
+    std::vector<ShardShare> shards;
+  };
+  std::vector<Derived> derived;  // per feature ([0] unused)
+};
+
+absl::StatusOr<std::unique_ptr<HistorySketcher>> HistorySketcher::Create(
+    const WorkloadGenerator& events, const HistorySketchOptions& o) {
+  const size_t F = events.config().features.size();
+  auto bad = [](absl::string_view field, absl::string_view message) {
+    return absl::InvalidArgumentError(absl::StrCat("history sketch: ", field, ": ", message));
+  };
+  if (o.every < 2) return bad("every", "must be >= 2 (1 is row level: no sketch)");
+  if (o.table_ids.size() != F) {
+    return bad("table_ids",
+               absl::StrCat(o.table_ids.size(), " given, the workload has ", F, " features"));
+  }
+  if (o.shard_rows.size() != F ||
+      std::any_of(o.shard_rows.begin(), o.shard_rows.end(), [](uint64_t r) { return r == 0; })) {
+    return bad("shard_rows", absl::StrCat("one >= 1 per feature (", F, ")"));
+  }
+  if (o.head_ranks < 1) return bad("head_ranks", "must be >= 1");
+  if (o.memo < 1) return bad("memo", "must be >= 1");
+  for (size_t f = 1; f < F; ++f) {
+    if (events.DerivedRange(f, 0).second > kMaxDerivedSlice) {
+      return bad(absl::StrCat("feature ", f),
+                 absl::StrCat(events.DerivedRange(f, 0).second, " rows per community; at most ",
+                              kMaxDerivedSlice, " are supported"));
+    }
+  }
+  std::unique_ptr<HistorySketcher> s(new HistorySketcher(events, o));
+  s->Build();
+  return s;
+}
+
+HistorySketcher::HistorySketcher(const WorkloadGenerator& events, const HistorySketchOptions& o)
+    : events_(events),
+      options_(o),
+      F_(events.config().features.size()),
+      N_(events.community_rows()),
+      s_(events.item_zipf().exponent()) {}
+
+HistorySketcher::~HistorySketcher() = default;
+
+double HistorySketcher::PowerSum(uint64_t n) const {
+  if (n <= head_) return prefix_[n];
+  // Beyond the exact prefix: the midpoint integral of x^-s (error O(k^-s-2) per term).
+  const double a = static_cast<double>(head_) + 0.5, b = static_cast<double>(n) + 0.5;
+  const double tail = std::abs(1 - s_) < 1e-12
+                          ? std::log(b / a)
+                          : (std::pow(b, 1 - s_) - std::pow(a, 1 - s_)) / (1 - s_);
+  return prefix_[head_] + tail;
+}
+
+double HistorySketcher::TailRankPoint(double u) const {
+  const double a = static_cast<double>(head_) + 0.5, b = static_cast<double>(N_) + 0.5;
+  if (std::abs(1 - s_) < 1e-12) return a * std::exp(u * std::log(b / a));
+  const double A = std::pow(a, 1 - s_), B = std::pow(b, 1 - s_);
+  return std::pow(A + u * (B - A), 1 / (1 - s_));
+}
+
+std::vector<double> HistorySketcher::DistinctGrid(
+    const std::vector<std::pair<double, double>>& classes) const {
+  std::vector<double> log_miss(classes.size());  // log(1 − p) per class
+  for (size_t i = 0; i < classes.size(); ++i) {  // p rounded above 1 would make a NaN
+    log_miss[i] = std::log1p(-std::clamp(classes[i].first, 0.0, 1.0));
+  }
+  std::vector<double> out(grid_m_.size(), 0.0);
+  for (size_t g = 1; g < grid_m_.size(); ++g) {
+    const double m = static_cast<double>(grid_m_[g]);
+    double d = 0;
+    for (size_t i = 0; i < classes.size(); ++i) {
+      d -= classes[i].second * std::expm1(m * log_miss[i]);
+    }
+    out[g] = d;
+  }
+  return out;
+}
+
+void HistorySketcher::Build() {
+  head_ = std::min<uint64_t>(N_, options_.head_ranks);
+  prefix_.assign(head_ + 1, 0.0);
+  for (uint64_t k = 1; k <= head_; ++k) {
+    prefix_[k] = prefix_[k - 1] + std::pow(static_cast<double>(k), -s_);
+  }
+  H_ = PowerSum(N_);
+  for (uint64_t m = 0; m <= 32; ++m) grid_m_.push_back(m);
+  while (grid_m_.back() < kGridEnd) {
+    grid_m_.push_back(
+        static_cast<uint64_t>(std::ceil(static_cast<double>(grid_m_.back()) * kGridStep)));
+  }
+  // Items: the head ranks one by one, the tail in buckets of ranks ≈ 2 % apart.
+  std::vector<std::pair<double, double>> classes;
+  classes.reserve(head_ + 512);
+  for (uint64_t r = 0; r < head_; ++r) {
+    classes.emplace_back(std::pow(static_cast<double>(r + 1), -s_) / H_, 1.0);
+  }
+  for (uint64_t lo = head_; lo < N_;) {
+    const uint64_t hi = std::min<uint64_t>(
+        N_, std::max<uint64_t>(lo + 1, static_cast<uint64_t>(static_cast<double>(lo) * 1.02)));
+    const double rows = static_cast<double>(hi - lo);
+    classes.emplace_back((PowerSum(hi) - PowerSum(lo)) / H_ / rows, rows);
+    lo = hi;
+  }
+  item_distinct_ = DistinctGrid(classes);
+  communities_.resize(events_.config().communities);
+  q_.assign(communities_.size() * F_, -1.0);
+  counts_.assign(events_.config().communities, 0);
+  memo_.resize(options_.memo);
+  memo_keys_.assign(options_.memo, {~uint64_t{0}, 0, 0});
+}
+
+HistorySketcher::Community& HistorySketcher::Tables(uint32_t c) {
+  std::unique_ptr<Community>& slot = communities_[c];
+  if (slot != nullptr) return *slot;
+  slot = std::make_unique<Community>();
+  Community& t = *slot;
+  const uint64_t base = static_cast<uint64_t>(c) * N_;
+  const uint32_t every = options_.every;
+  // Items: the sampled head ranks, and the tail's share of sampled rows (its mass ÷ every).
+  double acc = 0;
+  for (uint64_t r = 0; r < head_; ++r) {
+    if (!EmbSampled(options_.table_ids[0], base + r, every)) continue;
+    acc += std::pow(static_cast<double>(r + 1), -s_) / H_;
+    t.item.rows.push_back(base + r);
+    t.item.cum.push_back(acc);
+  }
+  t.item.head = acc;
+  t.item.q = acc + (1 - PowerSum(head_) / H_) / every;
+  const uint64_t R = options_.shard_rows[0];
+  for (uint64_t shard = base / R; shard <= (base + N_ - 1) / R; ++shard) {
+    const uint64_t lo = std::max(base, shard * R) - base;
+    const uint64_t hi = std::min(base + N_, (shard + 1) * R) - base;
+    t.item_shards.push_back(
+        {.shard = shard, .share = (PowerSum(hi) - PowerSum(lo)) / H_, .exclusive = hi - lo == R});
+  }
+  // Derived features: each row's probability (the head items' exactly, the rest spread evenly).
+  t.derived.resize(F_);
+  const uint64_t head = std::min(N_, kDerivedHead);
+  const double rest = 1 - PowerSum(head) / H_;
+  for (size_t f = 1; f < F_; ++f) {
+    const auto [first, L] = events_.DerivedRange(f, c);
+    std::vector<double> mass(L, rest / static_cast<double>(L));
+    for (uint64_t r = 0; r < head; ++r) {
+      mass[events_.DerivedRow(f, base + r, c) - first] +=
+          std::pow(static_cast<double>(r + 1), -s_) / H_;
+    }
+    Community::Derived& d = t.derived[f];
+    std::vector<std::pair<double, double>> classes;
+    classes.reserve(L);
+    const uint64_t Rf = options_.shard_rows[f];
+    double sampled = 0;
+    for (uint64_t i = 0; i < L; ++i) {
+      classes.emplace_back(mass[i], 1.0);
+      const uint64_t row = first + i;
+      if (d.shards.empty() || d.shards.back().shard != row / Rf) {
+        // Exclusive when the slice holds the whole shard.
+        const uint64_t shard = row / Rf;
+        d.shards.push_back(
+            {.shard = shard, .exclusive = shard * Rf >= first && (shard + 1) * Rf <= first + L});
+      }
+      d.shards.back().share += mass[i];
+      if (!EmbSampled(options_.table_ids[f], row, every)) continue;
+      sampled += mass[i];
+      d.sampled.rows.push_back(row);
+      d.sampled.cum.push_back(sampled);
+    }
+    d.sampled.head = d.sampled.q = sampled;
+    d.distinct = DistinctGrid(classes);
+    q_[static_cast<size_t>(c) * F_ + f] = sampled;
+  }
+  q_[static_cast<size_t>(c) * F_] = t.item.q;
+  return t;
+}
+
+uint64_t HistorySketcher::Draw(const Conditional& c, uint32_t community, SplitMix64& rng) const {
+  const double v = Unit(rng) * c.q;
+  if (!c.rows.empty() && v < c.head) {
+    const size_t i =
+        static_cast<size_t>(std::upper_bound(c.cum.begin(), c.cum.end(), v) - c.cum.begin());
+    return c.rows[std::min(i, c.rows.size() - 1)];
+  }
+  if (c.q <= c.head || head_ >= N_) return c.rows.back();  // rounding at the edge
+  // An item of the tail: ranks from the continuous Zipf density until one is sampled.
+  const uint64_t base = static_cast<uint64_t>(community) * N_;
+  uint64_t row = base + head_;
+  for (uint64_t attempt = 0; attempt < 64ULL * options_.every; ++attempt) {
+    const double x = TailRankPoint(Unit(rng));
+    const uint64_t k =
+        std::clamp<uint64_t>(static_cast<uint64_t>(std::floor(x + 0.5)), head_ + 1, N_);
+    row = base + k - 1;
+    if (EmbSampled(options_.table_ids[0], row, options_.every)) break;
+  }
+  return row;
+}
+
+double HistorySketcher::Interpolate(const std::vector<double>& grid, uint64_t m) const {
+  if (m <= 32) return grid[m];  // the grid's first points are m = 0 … 32
+  if (m >= grid_m_.back()) return grid.back();
+  const size_t i =
+      static_cast<size_t>(std::upper_bound(grid_m_.begin(), grid_m_.end(), m) - grid_m_.begin()) -
+      1;
+  if (grid_m_[i] == m) return grid[i];
+  const double x =
+      static_cast<double>(m - grid_m_[i]) / static_cast<double>(grid_m_[i + 1] - grid_m_[i]);
+  return grid[i] + x * (grid[i + 1] - grid[i]);
+}
+
+double HistorySketcher::ExpectedDistinct(size_t f, uint32_t community, uint64_t m) {
+  if (f == 0) return Interpolate(item_distinct_, m);
+  return Interpolate(Tables(community).derived[f].distinct, m);
+}
+
+const HistorySketch& HistorySketcher::Sketch(uint64_t user, uint64_t first, uint64_t count) {
+  const std::array<uint64_t, 3> key = {user, first, count};
+  if (auto it = memo_index_.find(key); it != memo_index_.end()) return memo_[it->second];
+  const size_t slot = memo_next_;
+  memo_next_ = (memo_next_ + 1) % memo_.size();
+  memo_index_.erase(memo_keys_[slot]);
+  memo_keys_[slot] = key;
+  memo_index_[key] = slot;
+  HistorySketch& out = memo_[slot];
+  out.events = count;
+  out.features.resize(F_);
+  for (HistorySketch::Feature& f : out.features) {
+    f.sampled.clear();
+    f.distinct = 0;
+  }
+  out.shards.clear();
+  events_.ForEachEventCommunity(user, first, count, [&](uint64_t, uint32_t c, SplitMix64& rng) {
+    // The per-event decision reads only q_ (contiguous; the tables are touched when it hits).
+    const double* q = &q_[static_cast<size_t>(c) * F_];
+    if (q[0] < 0) Tables(c);
+    if (counts_[c]++ == 0) touched_.push_back(c);
+    if (Unit(rng) < q[0]) {
+      const Community& t = *communities_[c];
+      out.features[0].sampled.push_back(Draw(t.item, c, rng));
+    }
+    for (size_t f = 1; f < F_; ++f) {
+      if (Unit(rng) < q[f]) {
+        const Community& t = *communities_[c];
+        out.features[f].sampled.push_back(Draw(t.derived[f].sampled, c, rng));
+      }
+    }
+  });
+  // Per community touched: its distinct rows, and its events per shard. A shard only this
+  // community has rows in is listed when its expected events round to one or more (the router's
+  // profile drops the others); shared ones are summed first.
+  auto add = [&](uint32_t f, const std::vector<ShardShare>& shares, double m) {
+    for (const ShardShare& s : shares) {
+      if (!s.exclusive) {
+        shard_scratch_[{f, s.shard}] += m * s.share;
+      } else if (m * s.share >= 0.5) {
+        out.shards.push_back({.feature = f, .shard = s.shard, .events = m * s.share});
+      }
+    }
+  };
+  for (uint32_t c : touched_) {
+    const uint32_t m = counts_[c];
+    const Community& t = *communities_[c];
+    out.features[0].distinct += Interpolate(item_distinct_, m);
+    add(0, t.item_shards, m);
+    for (size_t f = 1; f < F_; ++f) {
+      out.features[f].distinct += Interpolate(t.derived[f].distinct, m);
+      add(static_cast<uint32_t>(f), t.derived[f].shards, m);
+    }
+    counts_[c] = 0;
+  }
+  touched_.clear();
+  for (const auto& [k, events] : shard_scratch_) {
+    out.shards.push_back({.feature = k.first, .shard = k.second, .events = events});
+  }
+  shard_scratch_.clear();
+  return out;
+}
+
+}  // namespace hlem::sim

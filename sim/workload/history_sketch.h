@@ -1,0 +1,119 @@
+#pragma once
+// Sketched histories (docs/simulator.md, "Sketched histories"): what the digital twin needs of a
+// run of a user's events when its EMB cache tracks 1 in `every` rows (SimNodeOptions::emb_sample),
+// without drawing every event's rows. A first visit of the paper profile carries 10 000 events;
+// row by row the twin generates, dedups, hashes and profiles all of them to keep the ≈ 40 that
+// its sampled cache sees (docs/simulator.md, Speed).
+//
+// Per event, the sketch makes the generator's own first draws (the item's community: the same
+// community as AppendEventsOf's, WorkloadGenerator::ForEachEventCommunity), then per feature one
+// uniform from the event's stream: the event uses a sampled row of that feature with the
+// community's probability q, and then draws it from the sampled rows' conditional distribution.
+// So the sampled rows of a history have the row-level model's distribution (not its draws), and
+// a range of events gives the same rows however it is cut (keyed per event). What the twin needs
+// beyond them comes from the events' community counts m_c:
+//   - expected distinct rows (sampled or not): Σ_c D_c(m_c), D_c(m) = Σ_rows 1 − (1 − p_r)^m over
+//     the community's row probabilities (tabulated at m = 0 … 32 and then every ≈ 10 %,
+//     interpolated linearly);
+//   - expected events per residency shard (the router's profile): m_c × the community's shares.
+// Item ranks below head_ranks are treated row by row; the rest of a community's items (the
+// paper's communities hold 589 824) by their total: a tail event is sampled with probability
+// tail mass ÷ every, its rank drawn from the continuous Zipf density over the tail until it hits
+// a sampled row. Derived features: the rows of the first kDerivedHead item ranks exactly, the
+// rest of the mass spread evenly over the community's slice.
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "common/rng.h"
+#include "sim/workload/workload.h"
+
+namespace hlem::sim {
+
+inline constexpr uint64_t kEmbSampleKey = 0x73616d706c65ULL;  // "sample"
+// The twin's EMB sampling rule: row `row` of table `table` is one its cache tracks.
+inline bool EmbSampled(uint32_t table, uint64_t row, uint32_t every) {
+  return every <= 1 || KeyedHash(kEmbSampleKey, table, row) % every == 0;
+}
+
+struct HistorySketch {
+  uint64_t events = 0;
+  struct Feature {
+    std::vector<uint64_t> sampled;  // sampled rows the events use, event by event (repeats kept)
+    double distinct = 0;            // expected distinct rows the events use, sampled or not
+  };
+  std::vector<Feature> features;
+  struct Shard {
+    uint32_t feature = 0;
+    uint64_t shard = 0;  // row ÷ the feature's residency shard rows
+    double events = 0;   // expected events whose feature row lies in it
+  };
+  // In no particular order. A shard whose expected events round to 0 may be left out.
+  std::vector<Shard> shards;
+};
+
+struct HistorySketchOptions {
+  uint32_t every = 256;              // the twin's emb_sample (>= 2)
+  std::vector<uint32_t> table_ids;   // per feature: the table the sampling rule hashes
+  std::vector<uint64_t> shard_rows;  // per feature: the router's residency shard size
+  uint32_t head_ranks = 65536;       // item ranks treated row by row
+  uint32_t memo = 1024;              // recent sketches kept (the router's and the node's ask twice)
+};
+
+class HistorySketcher {
+ public:
+  // INVALID_ARGUMENT naming the option (sizes that do not match the generator's features, a
+  // derived feature's community slice over 65 536 rows).
+  static absl::StatusOr<std::unique_ptr<HistorySketcher>> Create(
+      const WorkloadGenerator& events, const HistorySketchOptions& options);
+  ~HistorySketcher();
+
+  // Events first … first + count − 1 of `user`. The reference stays valid until the next call.
+  // Not thread-safe: fills per-community tables on first use.
+  const HistorySketch& Sketch(uint64_t user, uint64_t first, uint64_t count);
+
+  const HistorySketchOptions& options() const { return options_; }
+  // Expected distinct rows of feature f among m events of community c (for tests).
+  double ExpectedDistinct(size_t f, uint32_t community, uint64_t m);
+
+ private:
+  struct Conditional;
+  struct ShardShare;
+  struct Community;
+  HistorySketcher(const WorkloadGenerator& events, const HistorySketchOptions& options);
+  void Build();
+  Community& Tables(uint32_t community);
+  uint64_t Draw(const Conditional& c, uint32_t community, SplitMix64& rng) const;
+  double PowerSum(uint64_t n) const;  // Σ_{k=1..n} k^-s
+  double Interpolate(const std::vector<double>& grid, uint64_t m) const;
+  // D(m) on grid_m_ for rows in classes of (probability, rows of it).
+  std::vector<double> DistinctGrid(const std::vector<std::pair<double, double>>& classes) const;
+  double TailRankPoint(double u) const;  // the continuous tail's inverse CDF (1-based)
+
+  const WorkloadGenerator& events_;
+  const HistorySketchOptions options_;
+  const size_t F_;
+  const uint64_t N_;  // items per community
+  const double s_;    // item Zipf exponent
+  uint64_t head_ = 0;
+  std::vector<double> prefix_;  // prefix_[n] = Σ_{k=1..n} k^-s, n <= head_
+  double H_ = 1;                // PowerSum(N_)
+  std::vector<uint64_t> grid_m_;
+  std::vector<double> item_distinct_;  // on grid_m_
+  std::vector<std::unique_ptr<Community>> communities_;
+  std::vector<double> q_;  // [community · F + f]: Conditional::q of each; < 0 until built
+  std::vector<uint32_t> counts_, touched_;
+  // Memo: recent sketches by (user, first, count), overwritten in turn.
+  std::vector<HistorySketch> memo_;
+  std::vector<std::array<uint64_t, 3>> memo_keys_;
+  absl::flat_hash_map<std::array<uint64_t, 3>, size_t> memo_index_;
+  size_t memo_next_ = 0;
+  absl::flat_hash_map<std::pair<uint32_t, uint64_t>, double> shard_scratch_;
+};
+
+}  // namespace hlem::sim
