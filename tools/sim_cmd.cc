@@ -46,6 +46,7 @@ struct SimFlags {
   std::string router = "hlem", csv, windows_csv, decisions_csv, alphas, follow = "star",
               controller = "static", weights;
   uint32_t nodes = 4, emb_sample = 1;
+  bool history_sketch = false;
   double alpha = 0.5, slo_ms = 0, warmup_s = 0;
   bool quiet = false, calibrate_costs = true;
   std::string faults;
@@ -62,6 +63,7 @@ absl::StatusOr<SimSetup> Prepare(const SimFlags& f) {
                      .router = f.router,
                      .nodes = f.nodes,
                      .emb_sample = f.emb_sample,
+                     .history_sketch = f.history_sketch,
                      .calibrate_costs = f.calibrate_costs,
                      .controller = {.name = f.controller, .weights = f.weights, .alpha = f.alpha},
                      .slo_ms = f.slo_ms,
@@ -180,6 +182,7 @@ int Oracle(const SimFlags& f) {
   if (!twin.ok()) return SimFail("setup", twin.status());
   auto reader = sim::TraceReader::Open(s->trace);
   if (!reader.ok()) return SimFail("--trace", reader.status());
+  (*reader)->OmitFirstVisits(options.history_sketch);
   TraceSource source{.reader = std::move(*reader)};
   if (absl::Status st = (*twin)->Start(source.Next()); !st.ok()) return SimFail("run", st);
   const sim::OracleOptions o{.window = s->workload.window,
@@ -477,6 +480,9 @@ void CommonFlags(CLI::App* cmd, SimFlags* f) {
   cmd->add_option("--emb-sample", f->emb_sample,
                   "EMB cache tracks 1 in N rows (hash-sampled; paper scale; 1 = every row)")
       ->check(CLI::Range(1u, 1u << 20));
+  cmd->add_flag("--history-sketch", f->history_sketch,
+                "first visits' histories sketched, not drawn row by row (needs --emb-sample >= 2; "
+                "docs/simulator.md)");
   cmd->add_option("--calibrate-costs", f->calibrate_costs,
                   "the router learns its weights from the answers as the router binary does by "
                   "default (the KV, EMB and load costs in seconds; router/core/calibration.h); "

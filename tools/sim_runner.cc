@@ -20,6 +20,7 @@ absl::StatusOr<SimSetup> PrepareSim(const SimSetupOptions& f) {
                                                    .nodes = f.nodes,
                                                    .emb_sample = f.emb_sample}));
   if (f.calibrate_costs) setup.twin.calibration = router::CalibrationOptions{};
+  setup.twin.history_sketch = f.history_sketch;
   s.controller = f.controller;
   if (absl::StatusOr<allocator::ControllerFactory> check =
           allocator::MakeControllerFactory(s.controller);
@@ -116,6 +117,7 @@ absl::StatusOr<std::unique_ptr<sim::Twin>> RunTwin(const SimSetup& s, double alp
   if (!twin.ok()) return twin.status();
   auto reader = sim::TraceReader::Open(s.trace);
   if (!reader.ok()) return reader.status();
+  (*reader)->OmitFirstVisits(options.history_sketch);
   TraceSource source{.reader = std::move(*reader)};
   absl::Status st;
   if (s.controller.name == "static" && !s.track.has_value()) {

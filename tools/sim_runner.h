@@ -53,6 +53,7 @@ struct SimSetupOptions {
   std::string costs = "sim/costs/cpu-local-cluster.yaml";
   std::string router = "hlem";
   uint32_t nodes = 4, emb_sample = 1;
+  bool history_sketch = false;  // sketched first visits (TwinOptions::history_sketch)
   bool calibrate_costs = true;  // the router's online cost calibration (router --calibrate-costs)
   allocator::ControllerSpec controller{.name = "static"};  // and the α runs start at
   double slo_ms = 0;                                       // 0: the node config's

@@ -353,8 +353,18 @@ RouteResult Cluster::Route(uint64_t user, std::span<const uint64_t> history, boo
   } else if (!delta) {
     profile = ShardProfile::Build(history, options_.features, options_.profile_top_k);
   }
-
   absl::MutexLock lock(&mu_);
+  return RouteLocked(user, profile, keep_profile, exclude);
+}
+
+RouteResult Cluster::RouteWithProfile(uint64_t user, const ShardProfile& profile,
+                                      std::span<const int> exclude) {
+  absl::MutexLock lock(&mu_);
+  return RouteLocked(user, profile, /*keep_profile=*/false, exclude);
+}
+
+RouteResult Cluster::RouteLocked(uint64_t user, const ShardProfile& profile, bool keep_profile,
+                                 std::span<const int> exclude) {
   const absl::Time now = clock_.Now();
   UserEntry& entry = users_[user];
   if (!keep_profile) SetProfileLocked(entry, profile);

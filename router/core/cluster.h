@@ -119,6 +119,10 @@ class Cluster {
   // to choose (a retry). Call Completed(node) when the node answered.
   RouteResult Route(uint64_t user, std::span<const uint64_t> history, bool delta,
                     std::span<const int> exclude = {});
+  // As Route for a whole history whose profile the caller made (the simulator's sketched
+  // histories, sim/workload/history_sketch.h).
+  RouteResult RouteWithProfile(uint64_t user, const ShardProfile& profile,
+                               std::span<const int> exclude = {});
   void Completed(int node);
   // The node answered that it held no K/V of the user: drop the speculative belief.
   void Forget(int node, uint64_t user);
@@ -132,6 +136,9 @@ class Cluster {
   absl::Status SetWeights(const Weights& weights);
 
  private:
+  // Route's decision once the profile is known (`keep_profile`: the cached one stays).
+  RouteResult RouteLocked(uint64_t user, const ShardProfile& profile, bool keep_profile,
+                          std::span<const int> exclude) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct Node;
   // A cached profile entry: the shard's interned id and its count.
   struct __attribute__((packed)) CompactEntry {

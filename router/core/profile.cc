@@ -111,6 +111,16 @@ ShardProfile ShardProfile::Build(std::span<const uint64_t> ids,
   return p;
 }
 
+ShardProfile ShardProfile::TopOf(std::span<const ProfileEntry> counts, uint32_t k) {
+  absl::flat_hash_map<ShardKey, uint32_t> merged;
+  for (const ProfileEntry& e : counts) {
+    if (e.count > 0) merged[e.shard] += e.count;
+  }
+  ShardProfile p;
+  p.entries_ = TopK(merged, k);
+  return p;
+}
+
 ShardProfile ShardProfile::FromEntries(std::vector<ProfileEntry> entries) {
   ShardProfile p;
   p.entries_ = std::move(entries);

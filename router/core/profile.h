@@ -37,6 +37,9 @@ class ShardProfile {
                             uint32_t k);
   // A profile with these entries (most counted first), e.g. a cached compact one expanded.
   static ShardProfile FromEntries(std::vector<ProfileEntry> entries);
+  // The top K of counts made elsewhere (the simulator's sketched histories); a shard listed twice
+  // counts their sum.
+  static ShardProfile TopOf(std::span<const ProfileEntry> counts, uint32_t k);
   // Adds the events of `ids` (same layout) and keeps the top K.
   void Extend(std::span<const uint64_t> ids, std::span<const FeatureShards> features, uint32_t k);
 

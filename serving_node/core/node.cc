@@ -180,7 +180,7 @@ void Node::Infer(InferInput in, Done done) {
     return;
   }
   const size_t F = executor_->features();
-  const uint64_t tokens = (in.history.size() + in.candidates.size()) / F;
+  const uint64_t tokens = (in.history.size() + in.candidates.size()) / F + in.omitted_events;
   uint64_t busy = 0;  // tokens in flight when the request is shed; 0 when admitted
   {
     absl::MutexLock lock(&mu_);

@@ -97,17 +97,22 @@ uint64_t WindowStart(const PipelineOptions& options, uint64_t events) {
   return (events - options.max_history + step - 1) / step * step;
 }
 
-absl::Status CheckInferInput(const PipelineOptions& options, const InferInput& in) {
+absl::Status CheckInferInput(const PipelineOptions& options, const InferInput& in,
+                             bool omitted_ok) {
   const size_t F = options.features.size();
   if (in.candidates.empty()) return absl::InvalidArgumentError("candidates: none");
+  if (in.omitted_events > 0 && (!omitted_ok || !in.delta.has_value())) {
+    return absl::InvalidArgumentError(
+        "history: omitted events are the simulator's (a delta request of the twin) only");
+  }
   if (in.candidates.size() % F != 0 || in.history.size() % F != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("feature ids: every event and candidate needs exactly ", F, " ids"));
   }
-  if (in.history.size() / F > options.max_request_events) {
-    return absl::InvalidArgumentError(absl::StrCat("history: ", in.history.size() / F,
-                                                   " events exceeds the limit ",
-                                                   options.max_request_events));
+  if (in.history.size() / F + in.omitted_events > options.max_request_events) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("history: ", in.history.size() / F + in.omitted_events,
+                     " events exceeds the limit ", options.max_request_events));
   }
   if (in.candidates.size() / F > options.max_candidates) {
     return absl::InvalidArgumentError(absl::StrCat("candidates: ", in.candidates.size() / F,

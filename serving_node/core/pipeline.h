@@ -85,6 +85,10 @@ struct InferInput {
   // the node's last answer for the user named exactly this prefix (InferOutput::next_prefix), the
   // user's K/V still cover it, and the window does not move.
   std::optional<ClientPrefix> delta;
+  // The digital twin only (sim/workload/history_sketch.h): events after `delta` that `history`
+  // leaves out, sketched by the twin instead of carried. Its history is events delta->len …
+  // delta->len + omitted_events − 1, then `history`. The real node refuses a request with any.
+  uint64_t omitted_events = 0;
 };
 
 struct InferOutput {
@@ -191,7 +195,9 @@ class Pipeline {
 uint64_t EventToken(std::span<const uint64_t> feature_ids);
 
 // Pipeline::Check's checks for these options (the simulator's executor makes them too).
-absl::Status CheckInferInput(const PipelineOptions& options, const InferInput& in);
+// `omitted_ok`: the twin's executor takes InferInput::omitted_events; the real pipeline does not.
+absl::Status CheckInferInput(const PipelineOptions& options, const InferInput& in,
+                             bool omitted_ok = false);
 // Pipeline::WindowStart for these options.
 uint64_t WindowStart(const PipelineOptions& options, uint64_t events);
 

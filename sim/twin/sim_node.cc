@@ -14,8 +14,8 @@ namespace hlem::sim {
 
 namespace {
 
-constexpr uint64_t kSampleKey = 0x73616d706c65ULL;  // "sample"
-constexpr double kSampleDecay = 0.98;               // per lookup of a table at a node
+constexpr uint64_t kSampleKey = kEmbSampleKey;
+constexpr double kSampleDecay = 0.98;  // per lookup of a table at a node
 
 }  // namespace
 
@@ -64,7 +64,8 @@ SimExecutor::SimExecutor(const SimNodeOptions& options, const CostModel& costs,
 SimExecutor::~SimExecutor() { *alive_ = false; }
 
 absl::Status SimExecutor::Check(const InferInput& in) const {
-  return serving::CheckInferInput(options_.local.pipeline, in);
+  return serving::CheckInferInput(options_.local.pipeline, in,
+                                  /*omitted_ok=*/parts_.sketcher != nullptr);
 }
 
 uint64_t SimExecutor::WindowStart(uint64_t events) const {
@@ -139,7 +140,7 @@ void SimExecutor::Prepare(Job& job) {
   const size_t F = features();
   const uint64_t user = job.in.user;
   job.prior = job.in.delta.has_value() ? job.in.delta->len : 0;
-  job.total = job.prior + job.in.history.size() / F;
+  job.total = job.prior + job.in.omitted_events + job.in.history.size() / F;
   job.first = WindowStart(job.total);
   job.candidates = job.in.candidates.size() / F;
   job.slowdown = costs_.Slowdown(user, job.prior);
@@ -166,15 +167,23 @@ void SimExecutor::Prepare(Job& job) {
   ids.reserve((job.fresh + job.candidates) * F);
   tokens.reserve(job.fresh);
   // The fresh events' ids: those sent before this request regenerated (the twin keeps no
-  // histories), then the request's own.
+  // histories), then the request's own. Sketched: the regenerated and omitted ones (up to
+  // `carried`, the first event `history` carries) come from one sketch, with placeholder tokens.
   const uint64_t from = job.first + job.cached;
-  if (const uint64_t sent_end = std::min(job.prior, job.total); from < sent_end) {
+  const uint64_t carried = job.prior + job.in.omitted_events;
+  const HistorySketch* sketch = nullptr;
+  if (parts_.sketcher != nullptr) {
+    if (from < carried) {
+      sketch = &parts_.sketcher->Sketch(user, from, carried - from);
+      for (uint64_t j = from; j < carried; ++j) tokens.push_back(Mix64(j));
+    }
+  } else if (const uint64_t sent_end = std::min(job.prior, job.total); from < sent_end) {
     generator_.AppendEventsOf(user, from, sent_end - from, &ids);
   }
-  ids.insert(ids.end(),
-             job.in.history.begin() +
-                 static_cast<std::ptrdiff_t>((std::max(from, job.prior) - job.prior) * F),
-             job.in.history.end());
+  ids.insert(
+      ids.end(),
+      job.in.history.begin() + static_cast<std::ptrdiff_t>((std::max(from, carried) - carried) * F),
+      job.in.history.end());
   for (size_t at = 0; at < ids.size(); at += F) {
     tokens.push_back(serving::EventToken(std::span<const uint64_t>(ids).subspan(at, F)));
   }
@@ -218,8 +227,21 @@ void SimExecutor::Prepare(Job& job) {
                       [&](const auto& g) { return g.table_id == table; }) *
         (ids.size() / F)));
     std::vector<uint64_t> rows, outside;  // `outside`: with shard faults only
-    uint64_t unsampled = 0;
+    uint64_t unsampled = 0, sketch_unsampled = 0;
     Job::Table t{.table_id = table};
+    if (sketch != nullptr) {  // its sampled rows, and its expected distinct rows beyond them
+      double expected = 0;
+      for (size_t g = f; g < F; ++g) {
+        if (features[g].table_id != table) continue;
+        expected += sketch->features[g].distinct;
+        for (uint64_t row : sketch->features[g].sampled) {
+          if (seen.insert(row).second) rows.push_back(row);
+        }
+      }
+      const auto sketched = static_cast<uint64_t>(std::llround(expected));
+      sketch_unsampled = unsampled = sketched > rows.size() ? sketched - rows.size() : 0;
+      distinct += rows.size() + unsampled;
+    }
     for (size_t g = f; g < F; ++g) {
       if (features[g].table_id != table) continue;
       for (size_t i = g; i < ids.size(); i += F) {
@@ -271,7 +293,7 @@ void SimExecutor::Prepare(Job& job) {
     }
     const uint64_t fetched = t.Fetched();
     job.out.emb_misses += fetched;
-    job.out.emb_hits += seen.size() - fetched;
+    job.out.emb_hits += seen.size() + sketch_unsampled - fetched;
     job.tables.push_back(std::move(t));
   }
   if (!job.error.ok()) {
@@ -435,7 +457,8 @@ void SimExecutor::FinishBatch() {
 
 absl::StatusOr<std::unique_ptr<SimNode>> SimNode::Create(
     const SimNodeOptions& options, const CostModel& costs, SharedCompute& compute,
-    const WorkloadGenerator& events, uint64_t epoch, Clock& clock, SimShards* shards) {
+    const WorkloadGenerator& events, uint64_t epoch, Clock& clock, SimShards* shards,
+    HistorySketcher* sketcher) {
   const serving::LocalNodeOptions& o = options.local;
   const uint32_t every = options.emb_sample;
   if (every == 0) return absl::InvalidArgumentError("emb_sample: must be positive (1 = every row)");
@@ -479,7 +502,8 @@ absl::StatusOr<std::unique_ptr<SimNode>> SimNode::Create(
                          // Probes out of step from node to node and incarnation to incarnation.
                          .shard_client = shards != nullptr
                                              ? shards->NewClient(o.node.seed + (epoch << 32) + 1)
-                                             : 0},
+                                             : 0,
+                         .sketcher = sketcher},
       clock);
   ASSIGN_OR_RETURN(n->node, serving::Node::Create(o.node,
                                                   {.executor = n->executor.get(),

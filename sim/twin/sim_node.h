@@ -30,7 +30,10 @@
 // Histories: the trace carries each request's new events only; events before them are
 // regenerated from the workload generator (keyed by user and event index), so the twin keeps no
 // histories. A request is an InferInput in delta form: `history` = the new events, `delta->len`
-// = the events before them.
+// = the events before them. With sketched histories (Parts::sketcher), a first visit's events are
+// left out (InferInput::omitted_events) and they and regenerated events come from the sketcher:
+// their sampled rows go to the EMB cache as row by row, their distinct rows are its expectation,
+// and their K/V tokens are placeholders (the twin checks prefixes by window start, not hash).
 
 #include <cstdint>
 #include <deque>
@@ -56,6 +59,7 @@
 #include "sim/twin/shared_compute.h"
 #include "sim/twin/sim_device.h"
 #include "sim/twin/sim_shards.h"
+#include "sim/workload/history_sketch.h"
 #include "sim/workload/workload.h"
 
 namespace hlem::sim {
@@ -83,6 +87,9 @@ class SimExecutor final : public serving::InferExecutor {
     serving::ResidencyTracker* tracker = nullptr;  // may be null
     SimShards* shards = nullptr;                   // shard faults; null: fetches never fail
     uint32_t shard_client = 0;                     // this node's client of `shards`
+    // Sketched histories (emb_sample >= 2): old and omitted events come from its sketches, not
+    // row by row; null: row level.
+    HistorySketcher* sketcher = nullptr;
   };
   SimExecutor(const SimNodeOptions& options, const CostModel& costs, SharedCompute& compute,
               const WorkloadGenerator& events, const Parts& parts, Clock& clock);
@@ -142,7 +149,8 @@ struct SimNode {
   // executor). `compute` and `events` are borrowed. Errors name the option.
   static absl::StatusOr<std::unique_ptr<SimNode>> Create(
       const SimNodeOptions& options, const CostModel& costs, SharedCompute& compute,
-      const WorkloadGenerator& events, uint64_t epoch, Clock& clock, SimShards* shards = nullptr);
+      const WorkloadGenerator& events, uint64_t epoch, Clock& clock, SimShards* shards = nullptr,
+      HistorySketcher* sketcher = nullptr);
   ~SimNode();
   // Starts the memory manager's steps and the node's timers.
   void Start();

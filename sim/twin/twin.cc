@@ -74,6 +74,24 @@ absl::Status Twin::Build() {
   }
   ro.max_nodes = std::max(ro.max_nodes, options_.nodes);
   ASSIGN_OR_RETURN(router_, router::Cluster::Create(ro, clock_));
+  if (options_.history_sketch) {
+    if (options_.node.emb_sample < 2) {
+      return absl::InvalidArgumentError(
+          "twin.history_sketch: needs EMB sampling (emb_sample >= 2); row level has no sketch");
+    }
+    if (std::any_of(options_.faults.begin(), options_.faults.end(),
+                    [](const FaultEvent& e) { return e.shard_event(); })) {
+      return absl::InvalidArgumentError(
+          "twin.history_sketch: not with shard faults (a sketch has no unsampled rows to "
+          "partition)");
+    }
+    HistorySketchOptions so{.every = options_.node.emb_sample};
+    for (const router::FeatureShards& f : ro.features) {
+      so.table_ids.push_back(f.table_id);
+      so.shard_rows.push_back(f.residency_shard_rows);
+    }
+    ASSIGN_OR_RETURN(sketcher_, HistorySketcher::Create(*generator_, so));
+  }
   if (options_.calibration.has_value()) {
     if (options_.calibration_every == 0) {
       return absl::InvalidArgumentError("twin.calibration_every: must be >= 1");
@@ -116,7 +134,8 @@ absl::Status Twin::BringUp(size_t i, uint64_t epoch) {
   o.local.link.latency += costs.copy_overhead;  // what a transfer costs beyond the link
   SharedCompute& compute = *compute_[compute_.size() == 1 ? 0 : i];
   ASSIGN_OR_RETURN(std::unique_ptr<SimNode> node,
-                   SimNode::Create(o, costs, compute, *generator_, epoch, clock_, shards_.get()));
+                   SimNode::Create(o, costs, compute, *generator_, epoch, clock_, shards_.get(),
+                                   sketcher_.get()));
   ASSIGN_OR_RETURN(int index, router_->AddNode(o.local.node.node_id, o.local.node.node_id));
   Slot& slot = slots_[i];
   slot.incarnation += 1;
@@ -227,6 +246,16 @@ bool Twin::ScheduleNext() {
   }
   last_t_ns_ = r->trace.t_ns;
   const size_t F = options_.node.local.pipeline.features.size();
+  if (sketcher_ != nullptr && r->trace.prior_events == 0 && !r->trace.new_events.empty()) {
+    r->trace.omitted_events += r->trace.new_events.size() / F;  // sketched, as if read so
+    r->trace.new_events.clear();
+  }
+  if (sketcher_ == nullptr && r->trace.omitted_events > 0) {
+    trace_error_ = absl::InvalidArgumentError(absl::StrCat(
+        "trace request ", read_, " leaves its events out, and the twin does not sketch histories"));
+    trace_done_ = true;
+    return false;
+  }
   r->outcome = {.index = read_++,
                 .sent_ns = r->trace.t_ns,
                 .user = r->trace.user,
@@ -259,9 +288,23 @@ absl::Duration Twin::Hop(const Request& r) const {
 void Twin::Dispatch(std::shared_ptr<Request> r, int attempt) {
   const TraceRequest& t = r->trace;
   const auto route_start = std::chrono::steady_clock::now();
-  const router::RouteResult route =
-      attempt == 0 ? router_->Route(t.user, t.new_events, /*delta=*/t.prior_events > 0, r->tried)
-                   : router_->Route(t.user, {}, true, r->tried);
+  router::RouteResult route;
+  if (attempt > 0) {
+    route = router_->Route(t.user, {}, true, r->tried);
+  } else if (t.omitted_events > 0 && t.prior_events == 0 && t.new_events.empty()) {
+    // A sketched first visit: the profile of the sketch's expected events per shard.
+    const HistorySketch& sketch = sketcher_->Sketch(t.user, 0, t.omitted_events);
+    std::vector<router::ProfileEntry> counts;
+    counts.reserve(sketch.shards.size());
+    for (const HistorySketch::Shard& s : sketch.shards) {
+      counts.push_back({.shard = {router_->options().features[s.feature].table_id, s.shard},
+                        .count = static_cast<uint32_t>(std::llround(s.events))});
+    }
+    route = router_->RouteWithProfile(
+        t.user, router::ShardProfile::TopOf(counts, router_->options().profile_top_k), r->tried);
+  } else {
+    route = router_->Route(t.user, t.new_events, /*delta=*/t.prior_events > 0, r->tried);
+  }
   stats_.route_calls += 1;
   stats_.route_wall_seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - route_start).count();
@@ -290,7 +333,8 @@ void Twin::Dispatch(std::shared_ptr<Request> r, int attempt) {
       .candidates = t.candidates,
       .expected_kv_resident = route.decision.h_kv >= 1.0,
       .deadline = start_ + absl::Nanoseconds(static_cast<int64_t>(t.t_ns)) + options_.deadline,
-      .delta = serving::ClientPrefix{.len = t.prior_events, .hash = 0}};
+      .delta = serving::ClientPrefix{.len = t.prior_events, .hash = 0},
+      .omitted_events = t.omitted_events};
   const absl::Time received = clock_.Now();
   const double load = route.decision.load;
   Slot& slot = slots_[s];

@@ -61,6 +61,11 @@ struct TwinOptions {
   // the node answers a request that expired in its queue, before an embedding fetch or before
   // compute with DEADLINE_EXCEEDED; a shard fetch waits for an unanswering server until then.
   absl::Duration deadline = absl::Seconds(1);
+  // Sketched histories (sim/workload/history_sketch.h; needs node.emb_sample >= 2, no shard
+  // faults): a first visit's events are not drawn row by row (a trace read with
+  // TraceReader::OmitFirstVisits leaves them out; others are dropped on arrival). The router gets
+  // the sketch's expected shard profile, the nodes its sampled rows and expected distinct rows.
+  bool history_sketch = false;
 };
 
 // One request's outcome.
@@ -188,6 +193,7 @@ class Twin {
   const TwinOptions options_;
   SimClock clock_;
   std::unique_ptr<WorkloadGenerator> generator_;
+  std::unique_ptr<HistorySketcher> sketcher_;            // with options_.history_sketch
   std::vector<std::unique_ptr<SharedCompute>> compute_;  // one shared, or one per node
   std::vector<std::unique_ptr<SimNode>> nodes_;
   // Per node: its incarnation (callbacks of an older one are ignored), state, router index, and

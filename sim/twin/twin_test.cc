@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <vector>
@@ -22,6 +23,18 @@ namespace {
 
 using testing::Feed;
 using testing::Generate;
+
+// The nodes' EMB miss copies carry every fetched row once (TinyTwin's 64-dim fp32 rows), and
+// their caches are consistent.
+void ExpectEveryFetchedRowCrossesTheLinkOnce(Twin& twin, uint64_t misses) {
+  uint64_t miss_bytes = 0;
+  for (size_t n = 0; n < twin.num_nodes(); ++n) {
+    miss_bytes +=
+        twin.node(n).device->stats().bytes[static_cast<int>(serving::CopyPurpose::kEmbMiss)];
+    EXPECT_TRUE(twin.node(n).emb->CheckInvariants().ok());
+  }
+  EXPECT_EQ(miss_bytes, misses * 64 * 4) << "every fetched row crosses the link once";
+}
 
 std::unique_ptr<Twin> RunTwin(const TwinOptions& options, const WorkloadConfig& workload,
                               const std::vector<TraceRequest>& trace) {
@@ -392,13 +405,7 @@ TEST(TwinTest, SampledEmbChargesPerRowAndTracksRowLevelHits) {
       misses += o.emb_misses;
     }
     EXPECT_EQ(ok, trace.size());
-    uint64_t miss_bytes = 0;
-    for (size_t n = 0; n < twin->num_nodes(); ++n) {
-      miss_bytes +=
-          twin->node(n).device->stats().bytes[static_cast<int>(serving::CopyPurpose::kEmbMiss)];
-      EXPECT_TRUE(twin->node(n).emb->CheckInvariants().ok());
-    }
-    EXPECT_EQ(miss_bytes, misses * 64 * 4) << "every fetched row crosses the link once";
+    ExpectEveryFetchedRowCrossesTheLinkOnce(*twin, misses);
     *hit_rate = static_cast<double>(hits) / static_cast<double>(hits + misses);
   };
   double rows = 0, sampled = 0;
@@ -411,6 +418,60 @@ TEST(TwinTest, SampledEmbChargesPerRowAndTracksRowLevelHits) {
   auto twin = Twin::Create(bad, workload);
   ASSERT_FALSE(twin.ok());
   EXPECT_NE(twin.status().message().find("emb_sample"), std::string::npos) << twin.status();
+}
+
+// Sketched histories (paper speed): first visits' events are not drawn row by row; the twin's
+// figures stay near the row-level sampled twin's, and a run repeats exactly.
+TEST(TwinTest, SketchedHistoriesTrackTheRowLevelSampledTwin) {
+  WorkloadConfig workload = testing::TinyWorkload();
+  workload.features[0].rows = 64 * 1024;  // communities of 1024 rows
+  workload.history_min = 100;
+  workload.history_max = 300;
+  workload.rate = 400;
+  const std::vector<TraceRequest> trace = Generate(workload);
+  struct Figures {
+    double hit_rate = 0, mean_ms = 0, h_emb = 0, reused = 0;
+    uint64_t ok = 0, hash = 0;
+  };
+  auto run = [&](bool sketch) {
+    TwinOptions options = testing::TinyTwin(workload);
+    options.node.local.pipeline.max_history = 512;
+    options.node.emb_sample = 4;
+    options.history_sketch = sketch;
+    std::unique_ptr<Twin> twin = RunTwin(options, workload, trace);
+    Figures f;
+    uint64_t hits = 0, misses = 0;
+    for (const TwinOutcome& o : twin->outcomes()) {
+      f.ok += o.code == absl::StatusCode::kOk;
+      hits += o.emb_hits;
+      misses += o.emb_misses;
+      f.mean_ms += static_cast<double>(o.latency_ns) / 1e6 / static_cast<double>(trace.size());
+      f.h_emb += o.h_emb / static_cast<double>(trace.size());
+      f.reused += o.cached_prefix_tokens;
+    }
+    ExpectEveryFetchedRowCrossesTheLinkOnce(*twin, misses);
+    f.hit_rate = static_cast<double>(hits) / static_cast<double>(hits + misses);
+    f.hash = twin->stats().log_hash;
+    return f;
+  };
+  const Figures rows = run(false), sketched = run(true), again = run(true);
+  // A node's KV budget is small: a few long first visits find no room, in both.
+  EXPECT_GE(rows.ok, trace.size() * 99 / 100);
+  EXPECT_GE(sketched.ok, trace.size() * 99 / 100);
+  EXPECT_NEAR(sketched.hit_rate, rows.hit_rate, 0.05);
+  EXPECT_NEAR(sketched.mean_ms, rows.mean_ms, 0.15 * rows.mean_ms);
+  EXPECT_NEAR(sketched.h_emb, rows.h_emb, 0.1);
+  EXPECT_NEAR(sketched.reused, rows.reused, 0.1 * rows.reused);
+  EXPECT_NE(sketched.hash, rows.hash);  // another model: not the same run
+  EXPECT_EQ(again.hash, sketched.hash);
+  std::printf("row level / sketched: hits %.3f / %.3f, mean %.2f / %.2f ms, h_emb %.3f / %.3f\n",
+              rows.hit_rate, sketched.hit_rate, rows.mean_ms, sketched.mean_ms, rows.h_emb,
+              sketched.h_emb);
+  TwinOptions bad = testing::TinyTwin(workload);
+  bad.history_sketch = true;  // row level: nothing to sketch
+  auto twin = Twin::Create(bad, workload);
+  ASSERT_FALSE(twin.ok());
+  EXPECT_NE(twin.status().message().find("history_sketch"), std::string::npos) << twin.status();
 }
 
 // The allocator's loop in the twin: a decision per node per closed window, α applied at the
