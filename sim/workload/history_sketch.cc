@@ -14,9 +14,60 @@ constexpr uint64_t kMaxDerivedSlice = 65536;  // a derived feature's rows per co
 constexpr double kGridStep = 1.2;             // the distinct tables' spacing beyond m = 32
 constexpr uint64_t kGridEnd = uint64_t{1} << 26;
 
+constexpr uint64_t kBlockKey = 0x626c6f636bULL;  // "block"
+
 double Unit(SplitMix64& g) { return static_cast<double>(g() >> 11) * 0x1.0p-53; }
 
+// How many of m events, each with probability q (log1p(−q) given), use a sampled row: Bernoulli
+// trials for a few events, else inversion from P(0) = (1 − q)^m.
+uint32_t SampledCount(uint32_t m, double q, double log_miss, SplitMix64& rng) {
+  if (q <= 0 || m == 0) return 0;
+  if (q >= 1) return m;
+  if (m <= 8) {
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < m; ++i) k += Unit(rng) < q;
+    return k;
+  }
+  const double u = Unit(rng), odds = q / (1 - q);
+  double p = std::exp(m * log_miss), cdf = p;
+  uint32_t k = 0;
+  while (u > cdf && k < m) {
+    p *= static_cast<double>(m - k) / static_cast<double>(k + 1) * odds;
+    ++k;
+    cdf += p;
+  }
+  return k;
+}
+
 }  // namespace
+
+// Binomial(n, p) for n <= nmax, by inversion over precomputed CDFs.
+class HistorySketcher::Binomial {
+ public:
+  Binomial(double p, uint32_t nmax) : p_(p), nmax_(nmax), cdf_((nmax + 1) * (nmax + 1), 1.0) {
+    if (p <= 0 || p >= 1) return;
+    for (uint32_t n = 0; n <= nmax; ++n) {
+      double acc = 0;
+      for (uint32_t k = 0; k <= n; ++k) {
+        acc += std::exp(std::lgamma(n + 1.0) - std::lgamma(k + 1.0) - std::lgamma(n - k + 1.0) +
+                        k * std::log(p) + (n - k) * std::log1p(-p));
+        cdf_[n * (nmax + 1) + k] = acc;
+      }
+    }
+  }
+  uint32_t Draw(uint32_t n, double u) const {
+    if (p_ <= 0) return 0;
+    if (p_ >= 1) return n;
+    const double* row = &cdf_[n * (nmax_ + 1)];
+    return static_cast<uint32_t>(
+        std::min<ptrdiff_t>(std::upper_bound(row, row + n + 1, u) - row, n));
+  }
+
+ private:
+  double p_;
+  uint32_t nmax_;
+  std::vector<double> cdf_;
+};
 
 struct HistorySketcher::Conditional {
   std::vector<uint64_t> rows;  // the sampled rows placed exactly
@@ -122,7 +173,7 @@ void HistorySketcher::Build() {
     prefix_[k] = prefix_[k - 1] + std::pow(static_cast<double>(k), -s_);
   }
   H_ = PowerSum(N_);
-  for (uint64_t m = 0; m <= 32; ++m) grid_m_.push_back(m);
+  for (uint64_t m = 0; m <= kSmall; ++m) grid_m_.push_back(m);
   while (grid_m_.back() < kGridEnd) {
     grid_m_.push_back(
         static_cast<uint64_t>(std::ceil(static_cast<double>(grid_m_.back()) * kGridStep)));
@@ -141,8 +192,16 @@ void HistorySketcher::Build() {
     lo = hi;
   }
   item_distinct_ = DistinctGrid(classes);
+  for (const auto& [p, rows] : classes) item_sum_p2_ += rows * p * p;
   communities_.resize(events_.config().communities);
   q_.assign(communities_.size() * F_, -1.0);
+  hot_.assign(communities_.size() * F_, Hot{});
+  small_distinct_.assign(communities_.size() * F_ * (kSmall + 1), 0.0);
+  log_miss_.assign(communities_.size() * F_, 0.0);
+  block_counts_.assign(communities_.size(), 0);
+  home_ = std::make_unique<Binomial>(events_.config().home_share, kBlock);
+  half_ = std::make_unique<Binomial>(0.5, kBlock);
+  third_ = std::make_unique<Binomial>(1.0 / 3, kBlock);
   counts_.assign(events_.config().communities, 0);
   memo_.resize(options_.memo);
   memo_keys_.assign(options_.memo, {~uint64_t{0}, 0, 0});
@@ -205,9 +264,39 @@ HistorySketcher::Community& HistorySketcher::Tables(uint32_t c) {
     }
     d.sampled.head = d.sampled.q = sampled;
     d.distinct = DistinctGrid(classes);
+    for (double p : mass) hot_[static_cast<size_t>(c) * F_ + f].sum_p2 += p * p;
+    std::copy(d.distinct.begin(), d.distinct.begin() + kSmall + 1,
+              small_distinct_.begin() +
+                  static_cast<std::ptrdiff_t>((static_cast<size_t>(c) * F_ + f) * (kSmall + 1)));
     q_[static_cast<size_t>(c) * F_ + f] = sampled;
+    log_miss_[static_cast<size_t>(c) * F_ + f] = std::log1p(-std::min(sampled, 1.0));
   }
   q_[static_cast<size_t>(c) * F_] = t.item.q;
+  log_miss_[static_cast<size_t>(c) * F_] = std::log1p(-std::min(t.item.q, 1.0));
+  // Shared shards first, then the exclusive ones by share, largest first (Sketch stops at the
+  // first that rounds to no event).
+  auto order = [](std::vector<ShardShare>& shares) {
+    std::stable_sort(shares.begin(), shares.end(), [](const ShardShare& a, const ShardShare& b) {
+      if (a.exclusive != b.exclusive) return !a.exclusive;
+      return a.exclusive && a.share > b.share;
+    });
+  };
+  order(t.item_shards);
+  for (size_t f = 1; f < F_; ++f) order(t.derived[f].shards);
+  // What Sketch's tally needs of a community with few events, side by side for all of them.
+  for (size_t f = 0; f < F_; ++f) {
+    Hot& h = hot_[static_cast<size_t>(c) * F_ + f];
+    const std::vector<ShardShare>& shares = f == 0 ? t.item_shards : t.derived[f].shards;
+    for (const ShardShare& s : shares) {
+      if (!s.exclusive) {
+        if (h.shared++ == 0) h.shared_shard = {s.shard, s.share};
+      } else if (h.top_shard.second == 0) {
+        h.top_shard = {s.shard, s.share};
+      } else if (h.next_share == 0) {
+        h.next_share = s.share;
+      }
+    }
+  }
   return t;
 }
 
@@ -232,8 +321,72 @@ uint64_t HistorySketcher::Draw(const Conditional& c, uint32_t community, SplitMi
   return row;
 }
 
+void HistorySketcher::Touch(uint32_t c, uint32_t m) {
+  if (q_[static_cast<size_t>(c) * F_] < 0) Tables(c);
+  if (counts_[c] == 0) touched_.push_back(c);
+  counts_[c] += m;
+}
+
+void HistorySketcher::SketchEvents(uint64_t user, uint64_t first, uint64_t count,
+                                   HistorySketch& out) {
+  events_.ForEachEventCommunity(user, first, count, [&](uint64_t, uint32_t c, SplitMix64& rng) {
+    // The per-event decision reads only q_ (contiguous; the tables are touched when it hits).
+    Touch(c, 1);
+    const double* q = &q_[static_cast<size_t>(c) * F_];
+    if (Unit(rng) < q[0]) {
+      out.features[0].sampled.push_back(Draw(communities_[c]->item, c, rng));
+    }
+    for (size_t f = 1; f < F_; ++f) {
+      if (Unit(rng) < q[f]) {
+        out.features[f].sampled.push_back(Draw(communities_[c]->derived[f].sampled, c, rng));
+      }
+    }
+  });
+}
+
+void HistorySketcher::SketchBlock(uint64_t user, uint64_t block, const Homes& homes,
+                                  HistorySketch& out) {
+  SplitMix64 rng(KeyedHash(events_.config().seed, user, block, kBlockKey));
+  // The block's events per community: home ones split evenly among the homes, the rest popular.
+  const uint32_t home = home_->Draw(kBlock, Unit(rng));
+  auto add = [&](uint32_t c, uint32_t m) {
+    if (m == 0) return;
+    if (block_counts_[c] == 0) block_touched_.push_back(c);
+    block_counts_[c] += m;
+  };
+  if (homes.size() == 1) {
+    add(homes[0], home);
+  } else if (homes.size() == 2) {
+    const uint32_t a = half_->Draw(home, Unit(rng));
+    add(homes[0], a);
+    add(homes[1], home - a);
+  } else {
+    const uint32_t a = third_->Draw(home, Unit(rng));
+    const uint32_t b = half_->Draw(home - a, Unit(rng));
+    add(homes[0], a);
+    add(homes[1], b);
+    add(homes[2], home - a - b);
+  }
+  for (uint32_t i = home; i < kBlock; ++i) add(events_.PopularCommunity(rng), 1);
+  // Per community: how many of its events use a sampled row of each feature, and which.
+  for (uint32_t c : block_touched_) {
+    const uint32_t m = block_counts_[c];
+    block_counts_[c] = 0;
+    Touch(c, m);
+    for (size_t f = 0; f < F_; ++f) {
+      const size_t at = static_cast<size_t>(c) * F_ + f;
+      const uint32_t k = SampledCount(m, q_[at], log_miss_[at], rng);
+      if (k == 0) continue;  // most: the community's tables stay untouched (cold in memory)
+      const Conditional& cond =
+          f == 0 ? communities_[c]->item : communities_[c]->derived[f].sampled;
+      for (uint32_t i = 0; i < k; ++i) out.features[f].sampled.push_back(Draw(cond, c, rng));
+    }
+  }
+  block_touched_.clear();
+}
+
 double HistorySketcher::Interpolate(const std::vector<double>& grid, uint64_t m) const {
-  if (m <= 32) return grid[m];  // the grid's first points are m = 0 … 32
+  if (m <= kSmall) return grid[m];  // the grid's first points are m = 0 … kSmall
   if (m >= grid_m_.back()) return grid.back();
   const size_t i =
       static_cast<size_t>(std::upper_bound(grid_m_.begin(), grid_m_.end(), m) - grid_m_.begin()) -
@@ -265,22 +418,18 @@ const HistorySketch& HistorySketcher::Sketch(uint64_t user, uint64_t first, uint
     f.distinct = 0;
   }
   out.shards.clear();
-  events_.ForEachEventCommunity(user, first, count, [&](uint64_t, uint32_t c, SplitMix64& rng) {
-    // The per-event decision reads only q_ (contiguous; the tables are touched when it hits).
-    const double* q = &q_[static_cast<size_t>(c) * F_];
-    if (q[0] < 0) Tables(c);
-    if (counts_[c]++ == 0) touched_.push_back(c);
-    if (Unit(rng) < q[0]) {
-      const Community& t = *communities_[c];
-      out.features[0].sampled.push_back(Draw(t.item, c, rng));
-    }
-    for (size_t f = 1; f < F_; ++f) {
-      if (Unit(rng) < q[f]) {
-        const Community& t = *communities_[c];
-        out.features[f].sampled.push_back(Draw(t.derived[f].sampled, c, rng));
-      }
-    }
-  });
+  // Whole blocks of kBlock events by their counts; the events before the first and after the
+  // last one by one.
+  const uint64_t end = first + count;
+  const uint64_t block_first = (first + kBlock - 1) / kBlock, block_end = end / kBlock;
+  if (block_first >= block_end) {
+    SketchEvents(user, first, count, out);
+  } else {
+    SketchEvents(user, first, block_first * kBlock - first, out);
+    const Homes homes = events_.HomesOf(user);
+    for (uint64_t b = block_first; b < block_end; ++b) SketchBlock(user, b, homes, out);
+    SketchEvents(user, block_end * kBlock, end - block_end * kBlock, out);
+  }
   // Per community touched: its distinct rows, and its events per shard. A shard only this
   // community has rows in is listed when its expected events round to one or more (the router's
   // profile drops the others); shared ones are summed first.
@@ -290,19 +439,39 @@ const HistorySketch& HistorySketcher::Sketch(uint64_t user, uint64_t first, uint
         shard_scratch_[{f, s.shard}] += m * s.share;
       } else if (m * s.share >= 0.5) {
         out.shards.push_back({.feature = f, .shard = s.shard, .events = m * s.share});
+      } else {
+        break;  // the rest are smaller
       }
     }
   };
+  // Most communities of a history have an event or two (popular draws): those are tallied from
+  // hot_ alone (the community's tables are cold in memory: a few hundred of them per history).
   for (uint32_t c : touched_) {
     const uint32_t m = counts_[c];
-    const Community& t = *communities_[c];
-    out.features[0].distinct += Interpolate(item_distinct_, m);
-    add(0, t.item_shards, m);
-    for (size_t f = 1; f < F_; ++f) {
-      out.features[f].distinct += Interpolate(t.derived[f].distinct, m);
-      add(static_cast<uint32_t>(f), t.derived[f].shards, m);
-    }
     counts_[c] = 0;
+    for (size_t f = 0; f < F_; ++f) {
+      const Hot& h = hot_[static_cast<size_t>(c) * F_ + f];
+      const uint32_t feature = static_cast<uint32_t>(f);
+      // Distinct rows: one event uses one row; two, 2 − Σp² in expectation.
+      const double sum_p2 = f == 0 ? item_sum_p2_ : h.sum_p2;
+      out.features[f].distinct +=
+          m == 1        ? 1.0
+          : m == 2      ? 2 - sum_p2
+          : f == 0      ? Interpolate(item_distinct_, m)
+          : m <= kSmall ? small_distinct_[(static_cast<size_t>(c) * F_ + f) * (kSmall + 1) + m]
+                        : Interpolate(communities_[c]->derived[f].distinct, m);
+      if (h.shared > 1 || m * h.next_share >= 0.5) {  // a home community, or an odd layout
+        add(feature, f == 0 ? communities_[c]->item_shards : communities_[c]->derived[f].shards, m);
+        continue;
+      }
+      if (h.shared == 1) {
+        shard_scratch_[{feature, h.shared_shard.first}] += m * h.shared_shard.second;
+      }
+      if (m * h.top_shard.second >= 0.5) {
+        out.shards.push_back(
+            {.feature = feature, .shard = h.top_shard.first, .events = m * h.top_shard.second});
+      }
+    }
   }
   touched_.clear();
   for (const auto& [k, events] : shard_scratch_) {

@@ -85,6 +85,12 @@ class HistorySketcher {
   struct Conditional;
   struct ShardShare;
   struct Community;
+  class Binomial;
+  using Homes = WorkloadGenerator::Homes;
+  static constexpr uint32_t kBlock = 256;  // events sketched by their counts (see the .cc)
+  void Touch(uint32_t community, uint32_t events);
+  void SketchEvents(uint64_t user, uint64_t first, uint64_t count, HistorySketch& out);
+  void SketchBlock(uint64_t user, uint64_t block, const Homes& homes, HistorySketch& out);
   HistorySketcher(const WorkloadGenerator& events, const HistorySketchOptions& options);
   void Build();
   Community& Tables(uint32_t community);
@@ -106,7 +112,21 @@ class HistorySketcher {
   std::vector<uint64_t> grid_m_;
   std::vector<double> item_distinct_;  // on grid_m_
   std::vector<std::unique_ptr<Community>> communities_;
-  std::vector<double> q_;  // [community · F + f]: Conditional::q of each; < 0 until built
+  std::vector<double> q_;         // [community · F + f]: Conditional::q of each; < 0 until built
+  std::vector<double> log_miss_;  // log(1 − q) of each
+  struct Hot {                    // [community · F + f]: the tally's
+    double sum_p2 = 0;            // Σ p² over the community's rows of the feature (f >= 1)
+    uint32_t shared = 0;          // shards it shares with other communities
+    std::pair<uint64_t, double> shared_shard{0, 0};  // the first of them, and its share
+    std::pair<uint64_t, double> top_shard{0, 0};     // its largest exclusive shard, and share
+    double next_share = 0;                           // the second largest exclusive share
+  };
+  std::vector<Hot> hot_;
+  static constexpr uint32_t kSmall = 32;  // the distinct tables hold every m up to this
+  std::vector<double> small_distinct_;    // [(community · F + f) · (kSmall + 1) + m], f >= 1
+  double item_sum_p2_ = 0;
+  std::unique_ptr<Binomial> home_, half_, third_;
+  std::vector<uint32_t> block_counts_, block_touched_;
   std::vector<uint32_t> counts_, touched_;
   // Memo: recent sketches by (user, first, count), overwritten in turn.
   std::vector<HistorySketch> memo_;

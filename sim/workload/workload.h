@@ -156,6 +156,15 @@ class WorkloadGenerator {
     }
   }
 
+  // A user's home communities (1 to 3, drawn by popularity; a community may repeat), and a
+  // community drawn by popularity: an event's community is a home, uniformly, with probability
+  // home_share, else a popular one (for history sketches, which draw counts, not events).
+  using Homes = absl::InlinedVector<uint32_t, 3>;
+  Homes HomesOf(uint64_t user) const;
+  uint32_t PopularCommunity(SplitMix64& rng) const {
+    return community_by_rank_[community_zipf_(rng)];
+  }
+
   // The item model, for history sketches: community c holds items c · community_rows() …
   // (c + 1) · community_rows() − 1, ranked by id; item_zipf() draws the rank.
   uint64_t community_rows() const { return community_rows_; }
@@ -173,8 +182,6 @@ class WorkloadGenerator {
 
  private:
   explicit WorkloadGenerator(const WorkloadConfig& config);
-  using Homes = absl::InlinedVector<uint32_t, 3>;  // a user's home communities (max_home <= 3)
-  Homes HomesOf(uint64_t user) const;
   // The community of an event's item (its first draws from the event's stream).
   uint32_t CommunityOf(SplitMix64& rng, const Homes& homes) const;
   struct Drawn {  // an item and its community
