@@ -87,7 +87,8 @@ struct HistorySketcher::Community {
   std::vector<ShardShare> item_shards;
   struct Derived {
     Conditional sampled;
-    std::vector<double> distinct;  // on grid_m_
+    std::vector<double> distinct;  // on grid_m_ (up to kSmall until more is needed)
+    std::vector<std::pair<double, double>> classes;  // its rows' probabilities
     std::vector<ShardShare> shards;
   };
   std::vector<Derived> derived;  // per feature ([0] unused)
@@ -143,19 +144,19 @@ double HistorySketcher::PowerSum(uint64_t n) const {
 
 double HistorySketcher::TailRankPoint(double u) const {
   const double a = static_cast<double>(head_) + 0.5, b = static_cast<double>(N_) + 0.5;
-  if (std::abs(1 - s_) < 1e-12) return a * std::exp(u * std::log(b / a));
+  if (std::abs(1 - s_) < 1e-12) return tail_a_ * std::exp(u * tail_log_);
   const double A = std::pow(a, 1 - s_), B = std::pow(b, 1 - s_);
   return std::pow(A + u * (B - A), 1 / (1 - s_));
 }
 
 std::vector<double> HistorySketcher::DistinctGrid(
-    const std::vector<std::pair<double, double>>& classes) const {
+    const std::vector<std::pair<double, double>>& classes, size_t points) const {
   std::vector<double> log_miss(classes.size());  // log(1 − p) per class
   for (size_t i = 0; i < classes.size(); ++i) {  // p rounded above 1 would make a NaN
     log_miss[i] = std::log1p(-std::clamp(classes[i].first, 0.0, 1.0));
   }
   std::vector<double> out(grid_m_.size(), 0.0);
-  for (size_t g = 1; g < grid_m_.size(); ++g) {
+  for (size_t g = 1; g < std::min(points, grid_m_.size()); ++g) {
     const double m = static_cast<double>(grid_m_[g]);
     double d = 0;
     for (size_t i = 0; i < classes.size(); ++i) {
@@ -173,6 +174,39 @@ void HistorySketcher::Build() {
     prefix_[k] = prefix_[k - 1] + std::pow(static_cast<double>(k), -s_);
   }
   H_ = PowerSum(N_);
+  pmf_.resize(std::max(head_, std::min(N_, kDerivedHead)));  // the items' and derived heads
+  for (uint64_t r = 0; r < pmf_.size(); ++r) {
+    pmf_[r] = std::pow(static_cast<double>(r + 1), -s_) / H_;
+  }
+  tail_a_ = static_cast<double>(head_) + 0.5;
+  tail_log_ = std::log((static_cast<double>(N_) + 0.5) / tail_a_);
+  // The popular communities' alias table (Vose): rank k with probability ∝ (k + 1)^-s.
+  {
+    const uint32_t C = events_.config().communities;
+    const double s = events_.config().community_zipf;
+    std::vector<double> p(C);
+    double sum = 0;
+    for (uint32_t k = 0; k < C; ++k) sum += p[k] = std::pow(k + 1.0, -s);
+    std::vector<uint32_t> small, large;
+    for (uint32_t k = 0; k < C; ++k) {
+      p[k] *= C / sum;
+      (p[k] < 1 ? small : large).push_back(k);
+    }
+    alias_prob_.assign(C, 1.0);
+    alias_.resize(C);
+    for (uint32_t k = 0; k < C; ++k) alias_[k] = k;
+    while (!small.empty() && !large.empty()) {
+      const uint32_t s_k = small.back(), l_k = large.back();
+      small.pop_back();
+      alias_prob_[s_k] = p[s_k];
+      alias_[s_k] = l_k;
+      p[l_k] -= 1 - p[s_k];
+      if (p[l_k] < 1) {
+        large.pop_back();
+        small.push_back(l_k);
+      }
+    }
+  }
   for (uint64_t m = 0; m <= kSmall; ++m) grid_m_.push_back(m);
   while (grid_m_.back() < kGridEnd) {
     grid_m_.push_back(
@@ -182,7 +216,7 @@ void HistorySketcher::Build() {
   std::vector<std::pair<double, double>> classes;
   classes.reserve(head_ + 512);
   for (uint64_t r = 0; r < head_; ++r) {
-    classes.emplace_back(std::pow(static_cast<double>(r + 1), -s_) / H_, 1.0);
+    classes.emplace_back(pmf_[r], 1.0);
   }
   for (uint64_t lo = head_; lo < N_;) {
     const uint64_t hi = std::min<uint64_t>(
@@ -191,7 +225,7 @@ void HistorySketcher::Build() {
     classes.emplace_back((PowerSum(hi) - PowerSum(lo)) / H_ / rows, rows);
     lo = hi;
   }
-  item_distinct_ = DistinctGrid(classes);
+  item_distinct_ = DistinctGrid(classes, grid_m_.size());
   for (const auto& [p, rows] : classes) item_sum_p2_ += rows * p * p;
   communities_.resize(events_.config().communities);
   q_.assign(communities_.size() * F_, -1.0);
@@ -218,7 +252,7 @@ HistorySketcher::Community& HistorySketcher::Tables(uint32_t c) {
   double acc = 0;
   for (uint64_t r = 0; r < head_; ++r) {
     if (!EmbSampled(options_.table_ids[0], base + r, every)) continue;
-    acc += std::pow(static_cast<double>(r + 1), -s_) / H_;
+    acc += pmf_[r];
     t.item.rows.push_back(base + r);
     t.item.cum.push_back(acc);
   }
@@ -239,8 +273,7 @@ HistorySketcher::Community& HistorySketcher::Tables(uint32_t c) {
     const auto [first, L] = events_.DerivedRange(f, c);
     std::vector<double> mass(L, rest / static_cast<double>(L));
     for (uint64_t r = 0; r < head; ++r) {
-      mass[events_.DerivedRow(f, base + r, c) - first] +=
-          std::pow(static_cast<double>(r + 1), -s_) / H_;
+      mass[events_.DerivedRow(f, base + r, c) - first] += pmf_[r];
     }
     Community::Derived& d = t.derived[f];
     std::vector<std::pair<double, double>> classes;
@@ -263,7 +296,8 @@ HistorySketcher::Community& HistorySketcher::Tables(uint32_t c) {
       d.sampled.cum.push_back(sampled);
     }
     d.sampled.head = d.sampled.q = sampled;
-    d.distinct = DistinctGrid(classes);
+    d.distinct = DistinctGrid(classes, kSmall + 1);  // the rest when a history needs it
+    d.classes = std::move(classes);
     for (double p : mass) hot_[static_cast<size_t>(c) * F_ + f].sum_p2 += p * p;
     std::copy(d.distinct.begin(), d.distinct.begin() + kSmall + 1,
               small_distinct_.begin() +
@@ -367,7 +401,12 @@ void HistorySketcher::SketchBlock(uint64_t user, uint64_t block, const Homes& ho
     add(homes[1], b);
     add(homes[2], home - a - b);
   }
-  for (uint32_t i = home; i < kBlock; ++i) add(events_.PopularCommunity(rng), 1);
+  for (uint32_t i = home; i < kBlock; ++i) {  // by popularity, from the alias table
+    const uint64_t x = rng();
+    const uint32_t k = static_cast<uint32_t>(((x >> 32) * alias_.size()) >> 32);
+    const double coin = static_cast<double>(x & 0xffffffffULL) * 0x1.0p-32;
+    add(events_.CommunityByRank(coin < alias_prob_[k] ? k : alias_[k]), 1);
+  }
   // Per community: how many of its events use a sampled row of each feature, and which.
   for (uint32_t c : block_touched_) {
     const uint32_t m = block_counts_[c];
@@ -397,9 +436,17 @@ double HistorySketcher::Interpolate(const std::vector<double>& grid, uint64_t m)
   return grid[i] + x * (grid[i + 1] - grid[i]);
 }
 
+double HistorySketcher::DerivedDistinct(uint32_t c, size_t f, uint64_t m) {
+  Community::Derived& d = communities_[c]->derived[f];
+  if (m > kSmall && d.distinct[kSmall + 1] == 0)
+    d.distinct = DistinctGrid(d.classes, grid_m_.size());
+  return Interpolate(d.distinct, m);
+}
+
 double HistorySketcher::ExpectedDistinct(size_t f, uint32_t community, uint64_t m) {
   if (f == 0) return Interpolate(item_distinct_, m);
-  return Interpolate(Tables(community).derived[f].distinct, m);
+  Tables(community);
+  return DerivedDistinct(community, f, m);
 }
 
 const HistorySketch& HistorySketcher::Sketch(uint64_t user, uint64_t first, uint64_t count) {
@@ -459,7 +506,7 @@ const HistorySketch& HistorySketcher::Sketch(uint64_t user, uint64_t first, uint
           : m == 2      ? 2 - sum_p2
           : f == 0      ? Interpolate(item_distinct_, m)
           : m <= kSmall ? small_distinct_[(static_cast<size_t>(c) * F_ + f) * (kSmall + 1) + m]
-                        : Interpolate(communities_[c]->derived[f].distinct, m);
+                        : DerivedDistinct(c, f, m);
       if (h.shared > 1 || m * h.next_share >= 0.5) {  // a home community, or an odd layout
         add(feature, f == 0 ? communities_[c]->item_shards : communities_[c]->derived[f].shards, m);
         continue;

@@ -97,8 +97,12 @@ class HistorySketcher {
   uint64_t Draw(const Conditional& c, uint32_t community, SplitMix64& rng) const;
   double PowerSum(uint64_t n) const;  // Σ_{k=1..n} k^-s
   double Interpolate(const std::vector<double>& grid, uint64_t m) const;
+  // Feature f's (>= 1) expected distinct rows of m events of community c (built tables).
+  double DerivedDistinct(uint32_t c, size_t f, uint64_t m);
   // D(m) on grid_m_ for rows in classes of (probability, rows of it).
-  std::vector<double> DistinctGrid(const std::vector<std::pair<double, double>>& classes) const;
+  // (The first `points` of them; the rest 0.)
+  std::vector<double> DistinctGrid(const std::vector<std::pair<double, double>>& classes,
+                                   size_t points) const;
   double TailRankPoint(double u) const;  // the continuous tail's inverse CDF (1-based)
 
   const WorkloadGenerator& events_;
@@ -108,7 +112,11 @@ class HistorySketcher {
   const double s_;    // item Zipf exponent
   uint64_t head_ = 0;
   std::vector<double> prefix_;  // prefix_[n] = Σ_{k=1..n} k^-s, n <= head_
-  double H_ = 1;                // PowerSum(N_)
+  std::vector<double> pmf_;     // rank r's probability, r < max(head_, the derived head)
+  double tail_a_ = 0, tail_log_ = 0;
+  std::vector<double> alias_prob_;  // popular communities by rank (Vose's alias method)
+  std::vector<uint32_t> alias_;
+  double H_ = 1;  // PowerSum(N_)
   std::vector<uint64_t> grid_m_;
   std::vector<double> item_distinct_;  // on grid_m_
   std::vector<std::unique_ptr<Community>> communities_;

@@ -156,14 +156,13 @@ class WorkloadGenerator {
     }
   }
 
-  // A user's home communities (1 to 3, drawn by popularity; a community may repeat), and a
-  // community drawn by popularity: an event's community is a home, uniformly, with probability
-  // home_share, else a popular one (for history sketches, which draw counts, not events).
+  // A user's home communities (1 to 3, drawn by popularity; a community may repeat), and the
+  // community of a popularity rank (rank 0 the most popular; ranks are Zipf(community_zipf)): an
+  // event's community is a home, uniformly, with probability home_share, else a popular one (for
+  // history sketches, which draw counts, not events).
   using Homes = absl::InlinedVector<uint32_t, 3>;
   Homes HomesOf(uint64_t user) const;
-  uint32_t PopularCommunity(SplitMix64& rng) const {
-    return community_by_rank_[community_zipf_(rng)];
-  }
+  uint32_t CommunityByRank(uint32_t rank) const { return community_by_rank_[rank]; }
 
   // The item model, for history sketches: community c holds items c · community_rows() …
   // (c + 1) · community_rows() − 1, ranked by id; item_zipf() draws the rank.
