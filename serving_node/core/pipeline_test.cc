@@ -219,6 +219,10 @@ TEST_F(PipelineTest, BadInputsGetClearErrors) {
   InferInput late = Input(1, history, cand);
   late.deadline = clock_.Now() - absl::Seconds(1);
   EXPECT_EQ(code(late), absl::StatusCode::kDeadlineExceeded);
+  InferInput sketched = Input(1, {}, cand);  // the simulator's field: never the real node's
+  sketched.delta = ClientPrefix{.len = 0, .hash = 0};
+  sketched.omitted_events = 5;
+  EXPECT_EQ(code(sketched), absl::StatusCode::kInvalidArgument);
   absl::StatusOr<InferOutput> r = pipeline_->Infer(Input(1, {1000, 0}, cand));
   EXPECT_NE(r.status().message().find("history event 0 feature 0"), std::string::npos)
       << r.status();

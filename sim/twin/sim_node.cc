@@ -163,18 +163,19 @@ void SimExecutor::Prepare(Job& job) {
   if (!lookup.has_value()) prefix = {};
   job.cached = prefix.len;
   job.fresh = window - job.cached;
-  std::vector<uint64_t> ids, tokens;
-  ids.reserve((job.fresh + job.candidates) * F);
-  tokens.reserve(job.fresh);
   // The fresh events' ids: those sent before this request regenerated (the twin keeps no
   // histories), then the request's own. Sketched: the regenerated and omitted ones (up to
   // `carried`, the first event `history` carries) come from one sketch, with placeholder tokens.
   const uint64_t from = job.first + job.cached;
   const uint64_t carried = job.prior + job.in.omitted_events;
+  const uint64_t sketched = parts_.sketcher != nullptr && from < carried ? carried - from : 0;
+  std::vector<uint64_t> ids, tokens;
+  ids.reserve((job.fresh - sketched + job.candidates) * F);
+  tokens.reserve(job.fresh);
   const HistorySketch* sketch = nullptr;
   if (parts_.sketcher != nullptr) {
-    if (from < carried) {
-      sketch = &parts_.sketcher->Sketch(user, from, carried - from);
+    if (sketched > 0) {
+      sketch = &parts_.sketcher->Sketch(user, from, sketched);
       for (uint64_t j = from; j < carried; ++j) tokens.push_back(Mix64(j));
     }
   } else if (const uint64_t sent_end = std::min(job.prior, job.total); from < sent_end) {
