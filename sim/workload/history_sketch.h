@@ -5,15 +5,18 @@
 // row by row the twin generates, dedups, hashes and profiles all of them to keep the ≈ 40 that
 // its sampled cache sees (docs/simulator.md, Speed).
 //
-// Per event, the sketch makes the generator's own first draws (the item's community: the same
-// community as AppendEventsOf's, WorkloadGenerator::ForEachEventCommunity), then per feature one
-// uniform from the event's stream: the event uses a sampled row of that feature with the
-// community's probability q, and then draws it from the sampled rows' conditional distribution.
-// So the sampled rows of a history have the row-level model's distribution (not its draws), and
-// a range of events gives the same rows however it is cut (keyed per event). What the twin needs
+// The events' communities: whole blocks of kBlock (256) events, keyed by user and block, by
+// their counts (home events ~ Binomial(256, home_share), split evenly among the user's homes; the
+// rest by community popularity); the events before the first whole block and after the last one
+// by one with the generator's own draws (WorkloadGenerator::ForEachEventCommunity: the same
+// community as the row-level event). Then per community and feature, how many of its m events use
+// a sampled row (Binomial(m, q), q the community's sampled probability; per event, one uniform),
+// each drawn from the sampled rows' conditional distribution. So a history's sampled rows have
+// the row-level model's distribution (not its draws), and ranges cut at whole blocks give the same
+// rows (a returning user's regenerated history uses its first visit's rows). What the twin needs
 // beyond them comes from the events' community counts m_c:
 //   - expected distinct rows (sampled or not): Σ_c D_c(m_c), D_c(m) = Σ_rows 1 − (1 − p_r)^m over
-//     the community's row probabilities (tabulated at m = 0 … 32 and then every ≈ 10 %,
+//     the community's row probabilities (tabulated for every m up to 32 and then every 20 %,
 //     interpolated linearly);
 //   - expected events per residency shard (the router's profile): m_c × the community's shares.
 // Item ranks below head_ranks are treated row by row; the rest of a community's items (the
@@ -87,7 +90,7 @@ class HistorySketcher {
   struct Community;
   class Binomial;
   using Homes = WorkloadGenerator::Homes;
-  static constexpr uint32_t kBlock = 256;  // events sketched by their counts (see the .cc)
+  static constexpr uint32_t kBlock = 256;  // events a block sketches by their counts
   void Touch(uint32_t community, uint32_t events);
   void SketchEvents(uint64_t user, uint64_t first, uint64_t count, HistorySketch& out);
   void SketchBlock(uint64_t user, uint64_t block, const Homes& homes, HistorySketch& out);
