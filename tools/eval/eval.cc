@@ -112,13 +112,15 @@ absl::StatusOr<Profile> FindProfile(const std::string& name, bool quick) {
          .workload = "sim/profiles/paper/workload.yaml",
          .nodes = 8,
          .emb_sample = 256,
+         .history_sketch = true,
          .rate_per_node = 40,
          .duration_s = 180,
          .warmup_s = 30,
          .search_every = 3,
          .note =
              "simulated: 8 of the paper's 256 A100-80GB serving nodes at 40 requests/s each; "
-             "the device's costs are published figures, not measurements"};
+             "the device's costs are published figures, not measurements; EMB rows sampled 1 in "
+             "256 and first visits' histories sketched (docs/simulator.md)"};
     if (quick) {
       p.duration_s = 20;
       p.warmup_s = 5;
@@ -271,6 +273,7 @@ tools::SimSetupOptions SimOptions(const EvalOptions& options, const Profile& pro
           .costs = (repo / profile.costs).string(),
           .nodes = profile.nodes,
           .emb_sample = profile.emb_sample,
+          .history_sketch = profile.history_sketch,
           .controller = {.name = "static", .alpha = alpha},
           .warmup_s = profile.warmup_s};
 }
@@ -396,10 +399,10 @@ std::string RunKey(const tools::SimSetupOptions& o, double alpha) {
   };
   const allocator::ControllerSpec& c = o.controller;
   return absl::StrFormat(
-      "trace=%s node=%s costs=%s router=%s nodes=%d emb_sample=%d calibrate=%d controller=%s "
-      "weights=%s seed=%d bounds=%.4f:%.4f slo=%.4f warmup=%.4f alpha=%.4f",
+      "trace=%s node=%s costs=%s router=%s nodes=%d emb_sample=%d sketch=%d calibrate=%d "
+      "controller=%s weights=%s seed=%d bounds=%.4f:%.4f slo=%.4f warmup=%.4f alpha=%.4f",
       fs::path(o.trace).filename().string(), content(o.node_config), content(o.costs), o.router,
-      o.nodes, o.emb_sample, o.calibrate_costs, c.name,
+      o.nodes, o.emb_sample, o.history_sketch, o.calibrate_costs, c.name,
       c.weights.empty() ? "-" : content(c.weights), c.seed, c.bounds.alpha_min, c.bounds.alpha_max,
       o.slo_ms, o.warmup_s, alpha);
 }

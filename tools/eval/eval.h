@@ -24,17 +24,18 @@ inline constexpr char kPolicy[] = "allocator_service/policies/ppo-local.mlp";
 
 // Where and how an experiment runs in the twin.
 struct Profile {
-  std::string name;           // "paper", "local"
-  std::string node_config;    // the nodes' YAML
-  std::string costs;          // sim/costs/*.yaml
-  std::string workload;       // the workload YAML (rates, histories; phases are the experiment's)
-  uint32_t nodes = 4;         // serving nodes simulated
-  uint32_t emb_sample = 1;    // --emb-sample
-  double rate_per_node = 10;  // requests/s per node
-  double duration_s = 180;    // per trace (one regime)
-  double warmup_s = 30;       // left out of the figures
-  uint32_t search_every = 1;  // tracked runs search α* every this many windows (its cost)
-  std::string note;           // one line on what the profile stands for, printed with results
+  std::string name;             // "paper", "local"
+  std::string node_config;      // the nodes' YAML
+  std::string costs;            // sim/costs/*.yaml
+  std::string workload;         // the workload YAML (rates, histories; phases are the experiment's)
+  uint32_t nodes = 4;           // serving nodes simulated
+  uint32_t emb_sample = 1;      // --emb-sample
+  bool history_sketch = false;  // --history-sketch (first visits from sketches; needs emb_sample)
+  double rate_per_node = 10;    // requests/s per node
+  double duration_s = 180;      // per trace (one regime)
+  double warmup_s = 30;         // left out of the figures
+  uint32_t search_every = 1;    // tracked runs search α* every this many windows (its cost)
+  std::string note;             // one line on what the profile stands for, printed with results
 };
 
 // The built-in profiles: `paper` (sim/profiles/paper, published A100 costs; 8 of the 256 nodes at
