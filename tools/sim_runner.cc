@@ -37,6 +37,17 @@ absl::StatusOr<SimSetup> PrepareSim(const SimSetupOptions& f) {
     return absl::InvalidArgumentError(
         absl::StrCat("--trace: its header's workload config: ", workload.status().message()));
   }
+  if (f.history_sketch && f.emb_sample < 2) {
+    return absl::InvalidArgumentError(
+        "--history-sketch: needs --emb-sample 2 or more (a sketch draws the sampled rows only)");
+  }
+  if (f.history_sketch && !(*reader)->header().generated_events) {
+    // A sketch draws the history from the header's generator: an explicit trace's events may
+    // come from elsewhere.
+    return absl::InvalidArgumentError(
+        "--history-sketch: needs a trace with generated events (hlem workload generate without "
+        "--explicit-events); this one's events are explicit");
+  }
   s.workload = *workload;
   s.trace = f.trace;
   s.twin = setup.twin;

@@ -65,6 +65,7 @@ struct TwinOptions {
   // faults): a first visit's events are not drawn row by row (a trace read with
   // TraceReader::OmitFirstVisits leaves them out; others are dropped on arrival). The router gets
   // the sketch's expected shard profile, the nodes its sampled rows and expected distinct rows.
+  // The trace's events must be the workload generator's (a generated trace).
   bool history_sketch = false;
 };
 

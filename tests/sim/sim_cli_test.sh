@@ -4,7 +4,8 @@
 # two separate processes (different address-space layouts, so hash-map seeds differ); another α
 # gives another hash; `hlem sim compare` of a run against itself differs by nothing; bad input
 # (a missing trace, a bad cost file, a file that is not an outcome CSV, α outside [0, 1], `fit`'s
-# bad --cpu, --real and --slowdown-quantiles) is a clear error with exit code 2.
+# bad --cpu, --real and --slowdown-quantiles, --history-sketch without EMB sampling or on explicit
+# events) is a clear error with exit code 2; a sketched run answers every request, repeatably.
 # Usage: sim_cli_test.sh <build dir> <source dir>
 set -euo pipefail
 build=$1
@@ -118,4 +119,28 @@ fit "bad.cpu:2: expected" --real "$dir/a.csv" --cpu "$dir/bad.cpu"
 sed '1s/compute_ms/compute_x/' "$dir/a.csv" >"$dir/nostages.csv"
 fit "--real: no stage timings" --real "$dir/nostages.csv"
 fit "too few requests answered in both runs" --real "$dir/a.csv" --slowdown-quantiles 1000
+# Sketched histories: a sampled run answers every request and repeats its hash; without EMB
+# sampling, or on a trace with explicit events, the flag is refused naming it (exit 2).
+sim "$dir/t.trace" "$costs" --emb-sample 4 --history-sketch >"$dir/s1.txt"
+sim "$dir/t.trace" "$costs" --emb-sample 4 --history-sketch >"$dir/s2.txt"
+sk_requests=$(awk '/^requests/ {gsub(",", "", $2); print $2}' "$dir/s1.txt")
+sk_ok=$(awk '/^requests/ {gsub(",", "", $4); print $4}' "$dir/s1.txt")
+[ "$sk_requests" = "$requests" ] && [ "$sk_ok" = "$requests" ] && [ -n "$(hash "$dir/s1.txt")" ] &&
+  [ "$(hash "$dir/s1.txt")" = "$(hash "$dir/s2.txt")" ] || {
+  echo "--history-sketch: requests $sk_requests, OK $sk_ok of $requests; hashes" \
+    "$(hash "$dir/s1.txt") $(hash "$dir/s2.txt")" >&2; exit 1; }
+"$hlem" workload generate --config "$src/deploy/local/workload.yaml" --regime steady \
+  --duration 5s --seed 3 --explicit-events --out "$dir/x.trace" >/dev/null
+refused() {  # refused <trace> [flags]: exit 2 naming --history-sketch
+  local trace=$1
+  shift
+  set +e
+  sim "$trace" "$costs" "$@" 2>"$dir/err.txt" >/dev/null
+  local code=$?
+  set -e
+  [ "$code" = 2 ] && grep -q -- "--history-sketch: needs" "$dir/err.txt" || {
+    echo "sim run $trace $*: exit $code" >&2; cat "$dir/err.txt" >&2; exit 1; }
+}
+refused "$dir/t.trace" --history-sketch
+refused "$dir/x.trace" --emb-sample 4 --history-sketch
 echo "sim CLI: $requests requests, hash $(hash "$dir/a.txt") twice, $(hash "$dir/c.txt") at alpha 0.9"
