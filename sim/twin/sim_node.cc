@@ -14,7 +14,6 @@ namespace hlem::sim {
 
 namespace {
 
-constexpr uint64_t kSampleKey = kEmbSampleKey;
 constexpr double kSampleDecay = 0.98;  // per lookup of a table at a node
 
 }  // namespace
@@ -248,7 +247,7 @@ void SimExecutor::Prepare(Job& job) {
       for (size_t i = g; i < ids.size(); i += F) {
         if (!seen.insert(ids[i]).second) continue;
         ++distinct;
-        if (every == 1 || KeyedHash(kSampleKey, table, ids[i]) % every == 0) {
+        if (EmbSampled(table, ids[i], every)) {
           rows.push_back(ids[i]);
         } else {
           ++unsampled;
@@ -281,7 +280,7 @@ void SimExecutor::Prepare(Job& job) {
       const double miss_rate = (static_cast<double>(t.fetch.size()) + kPrior * recent) /
                                (static_cast<double>(rows.size()) + kPrior);
       const double expected = miss_rate * static_cast<double>(unsampled);
-      const double u = static_cast<double>(KeyedHash(kSampleKey, user, job.prior, table) >> 11) /
+      const double u = static_cast<double>(KeyedHash(kEmbSampleKey, user, job.prior, table) >> 11) /
                        static_cast<double>(uint64_t{1} << 53);
       t.estimated_misses =
           static_cast<uint64_t>(expected) + (u < expected - std::floor(expected) ? 1 : 0);

@@ -467,6 +467,18 @@ TEST(TwinTest, SketchedHistoriesTrackTheRowLevelSampledTwin) {
   std::printf("row level / sketched: hits %.3f / %.3f, mean %.2f / %.2f ms, h_emb %.3f / %.3f\n",
               rows.hit_rate, sketched.hit_rate, rows.mean_ms, sketched.mean_ms, rows.h_emb,
               sketched.h_emb);
+  // A request read without its events, at a twin that does not sketch: a clear error.
+  {
+    TwinOptions plain = testing::TinyTwin(workload);
+    auto twin = Twin::Create(plain, workload);
+    ASSERT_TRUE(twin.ok()) << twin.status();
+    std::vector<TraceRequest> omitted = {trace.front()};
+    omitted[0].omitted_events = omitted[0].new_events.size() / 2;
+    omitted[0].new_events.clear();
+    const absl::Status st = (*twin)->Run(Feed(omitted));
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find("does not sketch"), std::string::npos) << st;
+  }
   TwinOptions bad = testing::TinyTwin(workload);
   bad.history_sketch = true;  // row level: nothing to sketch
   auto twin = Twin::Create(bad, workload);

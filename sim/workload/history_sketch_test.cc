@@ -181,6 +181,13 @@ TEST(HistorySketchTest, BadOptionsNameTheField) {
   o = Options();
   o.shard_rows = {4096, 0};
   EXPECT_THAT(HistorySketcher::Create(**g, o).status().message(), HasSubstr("shard_rows"));
+  // A derived feature of more than 65 536 rows per community.
+  WorkloadConfig wide = Config();
+  wide.features[1].rows = 64 * 70000;
+  auto gw = WorkloadGenerator::Create(wide);
+  ASSERT_TRUE(gw.ok()) << gw.status();
+  EXPECT_THAT(HistorySketcher::Create(**gw, Options()).status().message(),
+              HasSubstr("feature 1: 70000 rows per community"));
 }
 
 }  // namespace
