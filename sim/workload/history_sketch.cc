@@ -74,6 +74,9 @@ struct HistorySketcher::Conditional {
   std::vector<double> cum;     // their cumulative probability
   double head = 0;             // cum.back()
   double q = 0;                // the probability that an event uses a sampled row
+  // Items: the tail's whole sampling groups, community offsets [tail_lo, tail_hi) (q − head is
+  // their mass ÷ every; Draw picks their sampled rows).
+  uint64_t tail_lo = 0, tail_hi = 0;
 };
 
 struct HistorySketcher::ShardShare {
@@ -132,19 +135,25 @@ HistorySketcher::HistorySketcher(const WorkloadGenerator& events, const HistoryS
 
 HistorySketcher::~HistorySketcher() = default;
 
+double HistorySketcher::Mass(double a, double b) const {
+  return std::abs(1 - s_) < 1e-12 ? std::log(b / a)
+                                  : (std::pow(b, 1 - s_) - std::pow(a, 1 - s_)) / (1 - s_);
+}
+
 double HistorySketcher::PowerSum(uint64_t n) const {
   if (n <= head_) return prefix_[n];
   // Beyond the exact prefix: the midpoint integral of x^-s (error O(k^-s-2) per term).
-  const double a = static_cast<double>(head_) + 0.5, b = static_cast<double>(n) + 0.5;
-  const double tail = std::abs(1 - s_) < 1e-12
-                          ? std::log(b / a)
-                          : (std::pow(b, 1 - s_) - std::pow(a, 1 - s_)) / (1 - s_);
-  return prefix_[head_] + tail;
+  return prefix_[head_] + Mass(static_cast<double>(head_) + 0.5, static_cast<double>(n) + 0.5);
 }
 
-double HistorySketcher::TailRankPoint(double u) const {
-  const double a = static_cast<double>(head_) + 0.5, b = static_cast<double>(N_) + 0.5;
-  if (std::abs(1 - s_) < 1e-12) return tail_a_ * std::exp(u * tail_log_);
+double HistorySketcher::ItemP(uint64_t r) const {
+  if (r < head_) return pmf_[r];
+  const double k = static_cast<double>(r) + 1;
+  return Mass(k - 0.5, k + 0.5) / H_;
+}
+
+double HistorySketcher::RankPoint(double u, double a, double b) const {
+  if (std::abs(1 - s_) < 1e-12) return a * std::exp(u * std::log(b / a));
   const double A = std::pow(a, 1 - s_), B = std::pow(b, 1 - s_);
   return std::pow(A + u * (B - A), 1 / (1 - s_));
 }
@@ -178,8 +187,10 @@ void HistorySketcher::Build() {
   for (uint64_t r = 0; r < pmf_.size(); ++r) {
     pmf_[r] = std::pow(static_cast<double>(r + 1), -s_) / H_;
   }
-  tail_a_ = static_cast<double>(head_) + 0.5;
-  tail_log_ = std::log((static_cast<double>(N_) + 0.5) / tail_a_);
+  {  // The tail draw's bound: a group's first row's mass over the group's mean, at the largest.
+    const double k = static_cast<double>(head_) + 1, every = options_.every;
+    tail_bound_ = Mass(k - 0.5, k + 0.5) * every / Mass(k - 0.5, k + every - 0.5);
+  }
   // The popular communities' alias table (Vose): rank k with probability ∝ (k + 1)^-s.
   {
     const uint32_t C = events_.config().communities;
@@ -248,16 +259,30 @@ HistorySketcher::Community& HistorySketcher::Tables(uint32_t c) {
   Community& t = *slot;
   const uint64_t base = static_cast<uint64_t>(c) * N_;
   const uint32_t every = options_.every;
-  // Items: the sampled head ranks, and the tail's share of sampled rows (its mass ÷ every).
-  double acc = 0;
-  for (uint64_t r = 0; r < head_; ++r) {
-    if (!EmbSampled(options_.table_ids[0], base + r, every)) continue;
-    acc += pmf_[r];
-    t.item.rows.push_back(base + r);
-    t.item.cum.push_back(acc);
+  // Items: the sampled rows of the head ranks and of the tail's partial sampling groups (at its
+  // two ends) placed exactly, one hash per group; the tail's whole groups by their mass ÷ every
+  // (each holds one sampled row; Draw picks it).
+  uint64_t lo = N_, hi = N_;  // the whole groups' community offsets
+  if (head_ < N_) {
+    lo = std::min(N_, (base + head_ + every - 1) / every * every - base);
+    hi = std::max(lo, (base + N_) / every * every - base);
   }
+  double acc = 0;
+  auto place = [&](uint64_t from, uint64_t to) {  // the sampled rows of offsets [from, to)
+    for (uint64_t g = (base + from) / every; from < to && g <= (base + to - 1) / every; ++g) {
+      const uint64_t row = EmbSampledRowOf(options_.table_ids[0], g, every);
+      if (row < base + from || row >= base + to) continue;
+      acc += ItemP(row - base);
+      t.item.rows.push_back(row);
+      t.item.cum.push_back(acc);
+    }
+  };
+  place(0, lo);
+  place(hi, N_);
   t.item.head = acc;
-  t.item.q = acc + (1 - PowerSum(head_) / H_) / every;
+  t.item.tail_lo = lo;
+  t.item.tail_hi = hi;
+  t.item.q = acc + (PowerSum(hi) - PowerSum(lo)) / H_ / every;
   const uint64_t R = options_.shard_rows[0];
   for (uint64_t shard = base / R; shard <= (base + N_ - 1) / R; ++shard) {
     const uint64_t lo = std::max(base, shard * R) - base;
@@ -341,16 +366,25 @@ uint64_t HistorySketcher::Draw(const Conditional& c, uint32_t community, SplitMi
         static_cast<size_t>(std::upper_bound(c.cum.begin(), c.cum.end(), v) - c.cum.begin());
     return c.rows[std::min(i, c.rows.size() - 1)];
   }
-  if (c.q <= c.head || head_ >= N_) return c.rows.back();  // rounding at the edge
-  // An item of the tail: ranks from the continuous Zipf density until one is sampled.
+  if (c.q <= c.head || c.tail_lo >= c.tail_hi) return c.rows.back();  // rounding at the edge
+  // The tail's whole groups: a rank from the continuous Zipf density over them picks a group by
+  // its mass; its sampled row is kept with probability ∝ the row's mass ÷ the group's mean, so
+  // that a sampled row is drawn ∝ its own mass (≈ 1 attempt: the bound is ≈ 1 + every ÷ 2 head).
   const uint64_t base = static_cast<uint64_t>(community) * N_;
-  uint64_t row = base + head_;
-  for (uint64_t attempt = 0; attempt < 64ULL * options_.every; ++attempt) {
-    const double x = TailRankPoint(Unit(rng));
-    const uint64_t k =
-        std::clamp<uint64_t>(static_cast<uint64_t>(std::floor(x + 0.5)), head_ + 1, N_);
-    row = base + k - 1;
-    if (EmbSampled(options_.table_ids[0], row, options_.every)) break;
+  const uint32_t every = options_.every;
+  const double a = static_cast<double>(c.tail_lo) + 0.5, b = static_cast<double>(c.tail_hi) + 0.5;
+  uint64_t row = 0;
+  for (int attempt = 0; attempt < 1000; ++attempt) {  // never reached: 1 − 1e-3 kept at worst
+    const double x = RankPoint(Unit(rng), a, b);
+    const uint64_t k = std::clamp<uint64_t>(static_cast<uint64_t>(std::floor(x + 0.5)),
+                                            c.tail_lo + 1, c.tail_hi);  // 1-based rank
+    const uint64_t group = (base + k - 1) / every;
+    row = EmbSampledRowOf(options_.table_ids[0], group, every);
+    const double ks = static_cast<double>(row - base) + 1;
+    const double first = static_cast<double>(group * every - base) + 1;
+    const double keep =
+        Mass(ks - 0.5, ks + 0.5) * every / Mass(first - 0.5, first + every - 0.5) / tail_bound_;
+    if (Unit(rng) < keep) break;
   }
   return row;
 }

@@ -21,8 +21,9 @@
 //   - expected events per residency shard (the router's profile): m_c × the community's shares.
 // Item ranks below head_ranks are treated row by row; the rest of a community's items (the
 // paper's communities hold 589 824) by their total: a tail event is sampled with probability
-// tail mass ÷ every, its rank drawn from the continuous Zipf density over the tail until it hits
-// a sampled row. Derived features: the rows of the first kDerivedHead item ranks exactly, the
+// tail mass ÷ every, and its row is the sampled row (EmbSampledRowOf) of a sampling group drawn
+// by the continuous Zipf density, kept ∝ the row's own mass (rejection, ≈ 1 attempt). Derived
+// features: the rows of the first kDerivedHead item ranks exactly, the
 // rest of the mass spread evenly over the community's slice.
 
 #include <array>
@@ -39,9 +40,15 @@
 namespace hlem::sim {
 
 inline constexpr uint64_t kEmbSampleKey = 0x73616d706c65ULL;  // "sample"
-// The twin's EMB sampling rule: row `row` of table `table` is one its cache tracks.
+// The twin's EMB sampling rule (stratified spatial sampling): of each aligned group of `every`
+// rows (rows g·every … g·every + every − 1 of a table), exactly one, at a keyed-hash offset, is a
+// row its cache tracks. Each row is sampled with probability 1/every, as with a per-row hash, but
+// the sampled rows of a range can be listed with one hash per group.
+inline uint64_t EmbSampledRowOf(uint32_t table, uint64_t group, uint32_t every) {
+  return group * every + KeyedHash(kEmbSampleKey, table, group) % every;
+}
 inline bool EmbSampled(uint32_t table, uint64_t row, uint32_t every) {
-  return every <= 1 || KeyedHash(kEmbSampleKey, table, row) % every == 0;
+  return every <= 1 || EmbSampledRowOf(table, row / every, every) == row;
 }
 
 struct HistorySketch {
@@ -98,7 +105,9 @@ class HistorySketcher {
   void Build();
   Community& Tables(uint32_t community);
   uint64_t Draw(const Conditional& c, uint32_t community, SplitMix64& rng) const;
-  double PowerSum(uint64_t n) const;  // Σ_{k=1..n} k^-s
+  double Mass(double a, double b) const;  // ∫_a^b x^-s dx
+  double PowerSum(uint64_t n) const;      // Σ_{k=1..n} k^-s
+  double ItemP(uint64_t r) const;         // an item's probability by 0-based rank
   double Interpolate(const std::vector<double>& grid, uint64_t m) const;
   // Feature f's (>= 1) expected distinct rows of m events of community c (built tables).
   double DerivedDistinct(uint32_t c, size_t f, uint64_t m);
@@ -106,7 +115,8 @@ class HistorySketcher {
   // (The first `points` of them; the rest 0.)
   std::vector<double> DistinctGrid(const std::vector<std::pair<double, double>>& classes,
                                    size_t points) const;
-  double TailRankPoint(double u) const;  // the continuous tail's inverse CDF (1-based)
+  // The inverse CDF of the continuous density x^-s over [a, b] (1-based ranks).
+  double RankPoint(double u, double a, double b) const;
 
   const WorkloadGenerator& events_;
   const HistorySketchOptions options_;
@@ -114,9 +124,9 @@ class HistorySketcher {
   const uint64_t N_;  // items per community
   const double s_;    // item Zipf exponent
   uint64_t head_ = 0;
-  std::vector<double> prefix_;  // prefix_[n] = Σ_{k=1..n} k^-s, n <= head_
-  std::vector<double> pmf_;     // rank r's probability, r < max(head_, the derived head)
-  double tail_a_ = 0, tail_log_ = 0;
+  std::vector<double> prefix_;      // prefix_[n] = Σ_{k=1..n} k^-s, n <= head_
+  std::vector<double> pmf_;         // rank r's probability, r < max(head_, the derived head)
+  double tail_bound_ = 1;           // Draw's tail rejection bound
   std::vector<double> alias_prob_;  // popular communities by rank (Vose's alias method)
   std::vector<uint32_t> alias_;
   double H_ = 1;  // PowerSum(N_)
