@@ -319,8 +319,25 @@ absl::StatusOr<KvAppendResult> KvCache::Append(uint64_t user, const KvPrefix& ex
     if ((expected.len + i) % pt == 0) new_page_start_hash.push_back(h);
     h = KvHashExtend(h, new_tokens[i]);
   }
-  const KvPrefix target{.len = expected.len + new_tokens.size(), .hash = h};
+  return AppendHashed(user, expected, {.len = expected.len + new_tokens.size(), .hash = h},
+                      new_page_start_hash);
+}
+
+absl::StatusOr<KvAppendResult> KvCache::AppendHashed(
+    uint64_t user, const KvPrefix& expected, const KvPrefix& target,
+    std::span<const uint64_t> new_page_start_hash) {
+  const uint32_t pt = layout_.page_tokens;
   const uint64_t n = new_page_start_hash.size();
+  // Page boundaries in [expected.len, target.len): multiples of pt.
+  const uint64_t boundaries =
+      target.len >= expected.len ? (target.len + pt - 1) / pt - (expected.len + pt - 1) / pt : 0;
+  if (target.len < expected.len || n != boundaries) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv_cache: Append(", user, ") from length ", expected.len, " to ", target.len, " with ", n,
+        " page-start hashes; ", boundaries, " page boundaries lie between",
+        target.len < expected.len ? " (the target is shorter)" : ""));
+  }
+  const uint64_t new_tokens = target.len - expected.len;
 
   absl::MutexLock lock(&mu_);
   Entry* e = Find(user);
@@ -335,7 +352,7 @@ absl::StatusOr<KvAppendResult> KvCache::Append(uint64_t user, const KvPrefix& ex
   }
   KvAppendResult result;
   result.prefix = target;
-  if (new_tokens.empty()) return result;
+  if (new_tokens == 0) return result;
 
   // Free pool pages within the budget first, then whole LRU victims. Decide before evicting
   // anyone, so a failed append changes nothing.
@@ -387,14 +404,13 @@ absl::StatusOr<KvAppendResult> KvCache::Append(uint64_t user, const KvPrefix& ex
   e->append_prefix = target;
   uint64_t pos = e->len;
   size_t next_page = 0;
-  for (size_t i = 0; i < new_tokens.size();) {
+  for (uint64_t i = 0; i < new_tokens;) {
     const uint32_t slot = static_cast<uint32_t>(pos % pt);
     if (slot == 0) {
       e->page_start_hash.push_back(new_page_start_hash[next_page]);
       e->pages.push_back(fresh[next_page++]);
     }
-    const uint32_t run =
-        static_cast<uint32_t>(std::min<uint64_t>(pt - slot, new_tokens.size() - i));
+    const uint32_t run = static_cast<uint32_t>(std::min<uint64_t>(pt - slot, new_tokens - i));
     result.runs.push_back({.page = e->pages.back(), .first_slot = slot, .tokens = run});
     i += run;
     pos += run;

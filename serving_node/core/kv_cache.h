@@ -197,6 +197,14 @@ class KvCache {
   // prefix and reserves nothing.
   absl::StatusOr<KvAppendResult> Append(uint64_t user, const KvPrefix& expected,
                                         std::span<const uint64_t> new_tokens);
+  // The same, for a caller that has the new tokens' hashes already (the simulator's placeholder
+  // histories): `target` is the prefix after them and page_start_hash the prefix hashes at the
+  // page boundaries they cross (positions expected.len … target.len − 1 that are multiples of
+  // page_tokens), in order. INVALID_ARGUMENT when target is shorter than expected or the count
+  // of page_start_hash does not match (nothing changes).
+  absl::StatusOr<KvAppendResult> AppendHashed(uint64_t user, const KvPrefix& expected,
+                                              const KvPrefix& target,
+                                              std::span<const uint64_t> page_start_hash);
   // Makes an append visible (its K/V bytes are written): the cached prefix becomes
   // `appended` (= the result's prefix) and kKvStored is published. FAILED_PRECONDITION when no
   // such append is in flight; ABORTED when the user's KV was dropped meanwhile (hash mismatch or

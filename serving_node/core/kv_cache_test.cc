@@ -189,6 +189,48 @@ TEST_F(KvCacheTest, LookupAppendRoundTrip) {
   ExpectConsistent();
 }
 
+TEST_F(KvCacheTest, AppendHashedIsAppendWithTheHashesGiven) {
+  Init(8);
+  auto h = Tokens(7, 40);
+  // User 1 by tokens; user 2 by the same tokens' hashes: page starts 16 and 32 of [10, 35).
+  MustAppend(1, h, 10);
+  MustAppend(2, h, 10);
+  const KvPrefix at10{10, KvHash(Prefix(h, 10))};
+  const KvPrefix at35{35, KvHash(Prefix(h, 35))};
+  const std::vector<uint64_t> starts = {KvHash(Prefix(h, 16)), KvHash(Prefix(h, 32))};
+  auto by_tokens = cache_->Append(1, at10, std::span<const uint64_t>(h).subspan(10, 25));
+  ASSERT_TRUE(by_tokens.ok()) << by_tokens.status();
+  // Mismatched hashes or lengths: INVALID_ARGUMENT naming both, and nothing changes.
+  for (const auto& [target, page_starts] : std::vector<std::pair<KvPrefix, std::vector<uint64_t>>>{
+           {at35, {starts[0]}}, {at35, {starts[0], starts[1], 0}}, {{5, 0}, {}}}) {
+    auto bad = cache_->AppendHashed(2, at10, target, page_starts);
+    ASSERT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+    EXPECT_NE(bad.status().message().find("page-start hashes"), std::string::npos);
+    EXPECT_FALSE(cache_->Info(2)->append_in_flight);
+  }
+  auto by_hashes = cache_->AppendHashed(2, at10, at35, starts);
+  ASSERT_TRUE(by_hashes.ok()) << by_hashes.status();
+  EXPECT_EQ(by_hashes->prefix, by_tokens->prefix);
+  ASSERT_EQ(by_hashes->runs.size(), by_tokens->runs.size());
+  for (size_t i = 0; i < by_tokens->runs.size(); ++i) {
+    EXPECT_EQ(by_hashes->runs[i].first_slot, by_tokens->runs[i].first_slot);
+    EXPECT_EQ(by_hashes->runs[i].tokens, by_tokens->runs[i].tokens);
+  }
+  ASSERT_TRUE(cache_->CommitAppend(1, by_tokens->prefix).ok());
+  ASSERT_TRUE(cache_->CommitAppend(2, by_hashes->prefix).ok());
+  EXPECT_EQ(cache_->Lookup(2, h).prefix, at35);
+  clock_.AdvanceBy(absl::Seconds(1));
+  EXPECT_EQ(cache_->Lookup(1, h).prefix, at35);
+  clock_.AdvanceBy(absl::Seconds(1));
+  // Truncations (of the colder user 2) take the prefix hash from the page-start hashes given.
+  ASSERT_EQ(cache_->Reclaim(1, 8).size(), 1u);
+  EXPECT_EQ(cache_->Info(2)->prefix, (KvPrefix{32, starts[1]}));
+  ASSERT_EQ(cache_->Reclaim(1, 8).size(), 1u);
+  EXPECT_EQ(cache_->Info(2)->prefix, (KvPrefix{16, starts[0]}));
+  EXPECT_EQ(cache_->Info(1)->prefix, at35);
+  ExpectConsistent();
+}
+
 TEST_F(KvCacheTest, EditedHistoryEvictsAndIsNeverServed) {
   Init(8);
   auto h = Tokens(3, 40);
