@@ -16,6 +16,19 @@ namespace {
 
 constexpr double kSampleDecay = 0.98;  // per lookup of a table at a node
 
+// A sketched event's placeholder KV token: a function of its position alone.
+uint64_t PlaceholderToken(uint64_t position) { return Mix64(position); }
+
+// The KV prefix hashes of placeholder tokens from an empty prefix: [k] after the first k. The
+// same for every user, so computed once (per thread: twins may run side by side).
+const std::vector<uint64_t>& PlaceholderHashes(uint64_t upto) {
+  thread_local std::vector<uint64_t> hashes{serving::kKvHashSeed};
+  while (hashes.size() <= upto) {
+    hashes.push_back(serving::KvHashExtend(hashes.back(), PlaceholderToken(hashes.size() - 1)));
+  }
+  return hashes;
+}
+
 }  // namespace
 
 using serving::InferInput;
@@ -173,10 +186,7 @@ void SimExecutor::Prepare(Job& job) {
   tokens.reserve(job.fresh);
   const HistorySketch* sketch = nullptr;
   if (parts_.sketcher != nullptr) {
-    if (sketched > 0) {
-      sketch = &parts_.sketcher->Sketch(user, from, sketched);
-      for (uint64_t j = from; j < carried; ++j) tokens.push_back(Mix64(j));
-    }
+    if (sketched > 0) sketch = &parts_.sketcher->Sketch(user, from, sketched);
   } else if (const uint64_t sent_end = std::min(job.prior, job.total); from < sent_end) {
     generator_.AppendEventsOf(user, from, sent_end - from, &ids);
   }
@@ -184,17 +194,38 @@ void SimExecutor::Prepare(Job& job) {
       ids.end(),
       job.in.history.begin() + static_cast<std::ptrdiff_t>((std::max(from, carried) - carried) * F),
       job.in.history.end());
-  for (size_t at = 0; at < ids.size(); at += F) {
-    tokens.push_back(serving::EventToken(std::span<const uint64_t>(ids).subspan(at, F)));
+  // Placeholders only, in a window from event 0 on a placeholder prefix (a first visit): their
+  // hashes are known; else the tokens one by one.
+  const std::vector<uint64_t>* known = nullptr;
+  if (sketched > 0 && ids.empty() && job.first == 0) {
+    known = &PlaceholderHashes(carried);
+    if ((*known)[from] != prefix.hash) known = nullptr;
   }
-  if (!tokens.empty()) {
-    absl::StatusOr<serving::KvAppendResult> append = parts_.kv->Append(user, prefix, tokens);
+  if (known == nullptr) {
+    for (uint64_t j = from; j < from + sketched; ++j) tokens.push_back(PlaceholderToken(j));
+    for (size_t at = 0; at < ids.size(); at += F) {
+      tokens.push_back(serving::EventToken(std::span<const uint64_t>(ids).subspan(at, F)));
+    }
+  }
+  const uint64_t new_tokens = known != nullptr ? sketched : tokens.size();
+  if (new_tokens > 0) {
+    absl::StatusOr<serving::KvAppendResult> append;
+    if (known != nullptr) {
+      const uint64_t pt = parts_.kv->page_tokens();
+      std::vector<uint64_t> page_starts;
+      for (uint64_t p = (from + pt - 1) / pt * pt; p < carried; p += pt) {
+        page_starts.push_back((*known)[p]);
+      }
+      append = parts_.kv->AppendHashed(user, prefix, {.len = carried, .hash = (*known)[carried]},
+                                       page_starts);
+    } else {
+      append = parts_.kv->Append(user, prefix, tokens);
+    }
     if (!append.ok()) {
-      job.error =
-          append.status().code() == absl::StatusCode::kResourceExhausted
-              ? absl::ResourceExhaustedError(absl::StrCat("no KV room for ", tokens.size(),
-                                                          " tokens: ", append.status().message()))
-              : absl::AbortedError(append.status().message());
+      job.error = append.status().code() == absl::StatusCode::kResourceExhausted
+                      ? absl::ResourceExhaustedError(absl::StrCat(
+                            "no KV room for ", new_tokens, " tokens: ", append.status().message()))
+                      : absl::AbortedError(append.status().message());
       Prepared(job);
       return;
     }
@@ -480,8 +511,11 @@ absl::StatusOr<std::unique_ptr<SimNode>> SimNode::Create(
   ASSIGN_OR_RETURN(n->emb, serving::EmbCache::Create(emb_options, *n->pool, clock));
   ASSIGN_OR_RETURN(n->memory,
                    serving::MemoryManager::Create(o.memory, *n->pool, *n->kv, *n->emb, clock));
+  // The popularity summary sees the sampled rows only: 1 in `every` of the keys and of the
+  // accesses, so it keeps 1 in `every` of the counters (each still covers the same share).
   ASSIGN_OR_RETURN(n->sketch,
-                   serving::PopularitySketch::Create({.capacity = o.popularity_capacity}));
+                   serving::PopularitySketch::Create(
+                       {.capacity = std::max<uint32_t>(16, o.popularity_capacity / every)}));
   if (o.refill_enabled) {
     ASSIGN_OR_RETURN(n->refiller, serving::Refiller::Create(o.refill, *n->emb, *n->device,
                                                             n->source, *n->sketch, clock));

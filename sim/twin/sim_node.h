@@ -69,9 +69,10 @@ struct SimNodeOptions {
   serving::HstuConfig model;        // the compute cost and the KV layout
   uint32_t kv_dtype_bytes = 4;      // the cpu runner stores fp32 K/V; bf16 on a GPU
   // EMB sampling (paper scale, docs/simulator.md): the EMB cache, popularity sketch, refill and
-  // residency tracker see only the rows whose keyed hash is 0 mod emb_sample, each entry holding
-  // emb_sample rows' bytes, so the cache tracks 1 in emb_sample of the rows it would hold (spatial
-  // sampling, as SHARDS does for miss-ratio curves). The other rows of a request miss at the
+  // residency tracker see only the sampled rows (EmbSampled: one per aligned group of emb_sample
+  // rows, at a keyed-hash offset), each entry holding emb_sample rows' bytes, so the cache tracks
+  // 1 in emb_sample of the rows it would hold (spatial sampling, as SHARDS does for miss-ratio
+  // curves, stratified). The other rows of a request miss at the
   // sampled rows' rate; lookups, fetches and copies are charged per row the request uses.
   // 1 = row level (exact).
   uint32_t emb_sample = 1;
