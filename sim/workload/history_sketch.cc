@@ -161,8 +161,10 @@ double HistorySketcher::RankPoint(double u, double a, double b) const {
 std::vector<double> HistorySketcher::DistinctGrid(
     const std::vector<std::pair<double, double>>& classes, size_t points) const {
   std::vector<double> log_miss(classes.size());  // log(1 − p) per class
+  double used = 0;                               // rows of classes with p > 0: D's limit
   for (size_t i = 0; i < classes.size(); ++i) {  // p rounded above 1 would make a NaN
     log_miss[i] = std::log1p(-std::clamp(classes[i].first, 0.0, 1.0));
+    if (classes[i].first > 0) used += classes[i].second;
   }
   std::vector<double> out(grid_m_.size(), 0.0);
   for (size_t g = 1; g < std::min(points, grid_m_.size()); ++g) {
@@ -172,6 +174,10 @@ std::vector<double> HistorySketcher::DistinctGrid(
       d -= classes[i].second * std::expm1(m * log_miss[i]);
     }
     out[g] = d;
+    if (d >= used * (1 - 1e-12)) {  // saturated: every used row is in, to 1e-12
+      std::fill(out.begin() + static_cast<std::ptrdiff_t>(g) + 1, out.end(), d);
+      break;
+    }
   }
   return out;
 }

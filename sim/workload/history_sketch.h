@@ -112,7 +112,8 @@ class HistorySketcher {
   // Feature f's (>= 1) expected distinct rows of m events of community c (built tables).
   double DerivedDistinct(uint32_t c, size_t f, uint64_t m);
   // D(m) on grid_m_ for rows in classes of (probability, rows of it).
-  // (The first `points` of them; the rest 0.)
+  // (The first `points` of them, the rest 0; past the point where every row with p > 0 is in,
+  // to 1e-12, that value.)
   std::vector<double> DistinctGrid(const std::vector<std::pair<double, double>>& classes,
                                    size_t points) const;
   // The inverse CDF of the continuous density x^-s over [a, b] (1-based ranks).
