@@ -70,9 +70,10 @@ void TraceWriter::Hash(const std::string& bytes) {
 
 absl::Status TraceWriter::Append(const TraceRequest& r) {
   if (finished_) return absl::FailedPreconditionError("trace: already finished");
-  if (r.omitted_events != 0) {
+  if (r.omitted_events != 0 && !generated_) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "trace: request of user ", r.user, " leaves events out (a sketched read, not a trace)"));
+        "trace: request of user ", r.user,
+        " leaves events out; only a trace of generated events may (its reader draws them)"));
   }
   if (r.new_events.size() % F_ != 0 || r.candidates.size() % F_ != 0) {
     return absl::InvalidArgumentError(
@@ -87,7 +88,7 @@ absl::Status TraceWriter::Append(const TraceRequest& r) {
   PutVarint(&buf_, r.t_ns - last_t_);
   PutVarint(&buf_, r.user);
   PutVarint(&buf_, r.prior_events);
-  PutVarint(&buf_, r.new_events.size() / F_);
+  PutVarint(&buf_, r.omitted_events + r.new_events.size() / F_);
   if (!generated_) {
     for (uint64_t id : r.new_events) PutVarint(&buf_, id);
   }
@@ -294,7 +295,7 @@ absl::StatusOr<uint64_t> WriteTrace(WorkloadGenerator& generator, const std::str
                                            .generated_events = generated_events});
   if (!writer.ok()) return writer.status();
   TraceRequest r;
-  while (generator.Next(&r)) {
+  while (generator.Next(&r, /*with_events=*/!generated_events)) {
     if (absl::Status st = (*writer)->Append(r); !st.ok()) return st;
   }
   if (absl::Status st = (*writer)->Finish(); !st.ok()) return st;

@@ -57,7 +57,9 @@ class TraceWriter {
   static absl::StatusOr<std::unique_ptr<TraceWriter>> Create(const std::string& path,
                                                              const TraceHeader& header);
   ~TraceWriter();
-  // INVALID_ARGUMENT when the request's ids are not a multiple of F or it goes back in time.
+  // INVALID_ARGUMENT when the request's ids are not a multiple of F or it goes back in time, or
+  // when it has omitted_events and the trace stores explicit events. A trace of generated events
+  // stores the count omitted_events + new_events (its reader draws the events again).
   absl::Status Append(const TraceRequest& request);
   // Writes the footer and closes; UNAVAILABLE on a write error. Required: a trace without its
   // footer does not read back.

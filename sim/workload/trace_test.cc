@@ -222,9 +222,43 @@ TEST_F(TraceTest, WriterRejectsRaggedOrBackwardRequests) {
   EXPECT_TRUE(w->Append({.t_ns = 5, .user = 1, .new_events = {1, 2}}).ok());
   EXPECT_EQ(w->Append({.t_ns = 4, .user = 1}).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(w->Append({.t_ns = 6, .user = 1, .omitted_events = 3}).code(),
-            absl::StatusCode::kInvalidArgument);  // a sketched read is not a trace
+            absl::StatusCode::kInvalidArgument);  // explicit events cannot be left out
   EXPECT_TRUE(w->Finish().ok());
   EXPECT_TRUE(ReadAll(p).ok());
+}
+
+// A trace of generated events stores counts: the generator need not draw the events to write
+// it, and the file is the same byte for byte.
+TEST_F(TraceTest, GeneratedTracesAreWrittenWithoutDrawingTheEvents) {
+  const WorkloadConfig c = testing::TinyWorkload(11);
+  auto drawn = *WorkloadGenerator::Create(c);
+  auto counted = *WorkloadGenerator::Create(c);
+  const std::string a = Path("drawn"), b = Path("counted");
+  paths_.push_back(a);
+  paths_.push_back(b);
+  TraceHeader header{.seed = c.seed,
+                     .duration_ns = drawn->duration_ns(),
+                     .config_yaml = WorkloadConfigYaml(c),
+                     .features = c.features,
+                     .generated_events = true};
+  auto wa = *TraceWriter::Create(a, header);
+  auto wb = *TraceWriter::Create(b, header);
+  TraceRequest ra, rb;
+  uint64_t events = 0;
+  while (drawn->Next(&ra)) {
+    ASSERT_TRUE(counted->Next(&rb, /*with_events=*/false));
+    EXPECT_TRUE(rb.new_events.empty());
+    ASSERT_EQ(rb.omitted_events * 2, ra.new_events.size());
+    events += rb.omitted_events;
+    ASSERT_TRUE(wa->Append(ra).ok());
+    ASSERT_TRUE(wb->Append(rb).ok());
+  }
+  EXPECT_FALSE(counted->Next(&rb, false));
+  ASSERT_TRUE(wa->Finish().ok());
+  ASSERT_TRUE(wb->Finish().ok());
+  EXPECT_GT(events, 1000u);
+  EXPECT_EQ(Bytes(a), Bytes(b));
+  ASSERT_TRUE(ReadAll(b).ok());
 }
 
 }  // namespace

@@ -123,8 +123,10 @@ class WorkloadGenerator {
  public:
   static absl::StatusOr<std::unique_ptr<WorkloadGenerator>> Create(const WorkloadConfig& config);
 
-  // The next request in time order; false after the last phase ends.
-  bool Next(TraceRequest* out);
+  // The next request in time order; false after the last phase ends. Without `with_events` its
+  // events are not drawn: new_events stays empty and omitted_events counts them (what a trace of
+  // generated events stores; its reader draws them again). The other fields are the same.
+  bool Next(TraceRequest* out, bool with_events = true);
 
   const WorkloadConfig& config() const { return config_; }
   uint64_t duration_ns() const { return end_ns_; }
