@@ -375,12 +375,14 @@ uint64_t HistorySketcher::Draw(const Conditional& c, uint32_t community, SplitMi
   if (c.q <= c.head || c.tail_lo >= c.tail_hi) return c.rows.back();  // rounding at the edge
   // The tail's whole groups: a rank from the continuous Zipf density over them picks a group by
   // its mass; its sampled row is kept with probability ∝ the row's mass ÷ the group's mean, so
-  // that a sampled row is drawn ∝ its own mass (≈ 1 attempt: the bound is ≈ 1 + every ÷ 2 head).
+  // that a sampled row is drawn ∝ its own mass. The bound is ≈ 1 + s · every ÷ (2 · head): at the
+  // paper's head (65 536 ranks) and every 256 a draw is kept with probability > 0.99. Only a
+  // tiny head could exhaust the attempts; the last one's row is still a sampled tail row.
   const uint64_t base = static_cast<uint64_t>(community) * N_;
   const uint32_t every = options_.every;
   const double a = static_cast<double>(c.tail_lo) + 0.5, b = static_cast<double>(c.tail_hi) + 0.5;
   uint64_t row = 0;
-  for (int attempt = 0; attempt < 1000; ++attempt) {  // never reached: 1 − 1e-3 kept at worst
+  for (int attempt = 0; attempt < 1000; ++attempt) {
     const double x = RankPoint(Unit(rng), a, b);
     const uint64_t k = std::clamp<uint64_t>(static_cast<uint64_t>(std::floor(x + 0.5)),
                                             c.tail_lo + 1, c.tail_hi);  // 1-based rank
