@@ -18,9 +18,9 @@ absl::StatusOr<SimSetup> PrepareSim(const SimSetupOptions& f) {
                                                    .costs = f.costs,
                                                    .router = f.router,
                                                    .nodes = f.nodes,
-                                                   .emb_sample = f.emb_sample}));
+                                                   .emb_sample = f.emb_sample,
+                                                   .history_sketch = f.history_sketch}));
   if (f.calibrate_costs) setup.twin.calibration = router::CalibrationOptions{};
-  setup.twin.history_sketch = f.history_sketch;
   s.controller = f.controller;
   if (absl::StatusOr<allocator::ControllerFactory> check =
           allocator::MakeControllerFactory(s.controller);
@@ -36,10 +36,6 @@ absl::StatusOr<SimSetup> PrepareSim(const SimSetupOptions& f) {
   if (!workload.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--trace: its header's workload config: ", workload.status().message()));
-  }
-  if (f.history_sketch && f.emb_sample < 2) {
-    return absl::InvalidArgumentError(
-        "--history-sketch: needs --emb-sample 2 or more (a sketch draws the sampled rows only)");
   }
   if (f.history_sketch && !(*reader)->header().generated_events) {
     // A sketch draws the history from the header's generator: an explicit trace's events may

@@ -22,6 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "allocator_service/core/ppo.h"
 #include "common/rng.h"
+#include "router/core/calibration.h"
 #include "sim/twin/train.h"
 #include "sim/workload/workload.h"
 #include "tools/commands.h"
@@ -36,6 +37,9 @@ struct TrainFlags {
   int iterations = 40;
   uint32_t steps = 1024;
   double episode_s = 180;
+  double rate = 0;               // requests/s of the whole twin; 0: the workload's
+  double p99_weight = 0;         // sim::TrainingReward's
+  bool calibrate_costs = false;  // the router's online cost calibration, as `hlem sim` runs it
   allocator::PpoOptions ppo;
 };
 
@@ -47,14 +51,16 @@ int TrainFail(absl::string_view what, const absl::Status& st) {
 std::string CommandLine(const TrainFlags& f) {
   const allocator::PpoOptions& p = f.ppo;
   return absl::StrFormat(
-      "hlem train-ppo --workload %s --node-config %s --costs %s --router %s --nodes %d "
-      "--emb-sample %d --iterations %d --steps %d --episode-s %g --hidden %s --gamma %g "
+      "hlem train-ppo --workload %s --rate %g --node-config %s --costs %s --router %s --nodes %d "
+      "--emb-sample %d%s%s --p99-weight %g --iterations %d --steps %d --episode-s %g --hidden %s "
+      "--gamma %g "
       "--lambda %g --clip %g --lr %g --entropy %g --value-coef %g --max-grad-norm %g --epochs %d "
       "--minibatch %d --seed %d --out %s",
-      f.workload, f.files.node_config, f.files.costs, f.files.router, f.files.nodes,
-      f.files.emb_sample, f.iterations, f.steps, f.episode_s, f.hidden, p.gamma, p.lambda, p.clip,
-      p.lr, p.entropy, p.value_coef, p.max_grad_norm, p.epochs, p.minibatch, p.seed,
-      f.out.empty() ? "-" : f.out);
+      f.workload, f.rate, f.files.node_config, f.files.costs, f.files.router, f.files.nodes,
+      f.files.emb_sample, f.files.history_sketch ? " --history-sketch" : "",
+      f.calibrate_costs ? " --calibrate-costs" : "", f.p99_weight, f.iterations, f.steps,
+      f.episode_s, f.hidden, p.gamma, p.lambda, p.clip, p.lr, p.entropy, p.value_coef,
+      p.max_grad_norm, p.epochs, p.minibatch, p.seed, f.out.empty() ? "-" : f.out);
 }
 
 int Train(TrainFlags f) {
@@ -70,12 +76,14 @@ int Train(TrainFlags f) {
   }
   absl::StatusOr<TwinSetup> setup = LoadTwinSetup(f.files);
   if (!setup.ok()) return TrainFail("setup", setup.status());
+  if (f.calibrate_costs) setup->twin.calibration = router::CalibrationOptions{};
   std::ifstream in(f.workload);
   if (!in)
     return TrainFail("--workload", absl::NotFoundError(absl::StrCat("cannot read ", f.workload)));
   const std::string yaml((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   absl::StatusOr<sim::WorkloadConfig> base = sim::ParseWorkloadConfig(yaml);
   if (!base.ok()) return TrainFail("--workload", base.status());
+  if (f.rate > 0) base->rate = f.rate;
   absl::StatusOr<std::unique_ptr<allocator::PpoAgent>> made =
       allocator::PpoAgent::Create(allocator::kNumFeatures, allocator::kActions.size(), f.ppo);
   if (!made.ok()) return TrainFail("options", made.status());
@@ -101,8 +109,9 @@ int Train(TrainFlags f) {
     while (steps < f.steps) {
       double alpha = 0;
       const sim::WorkloadConfig w = sim::TrainingWorkload(*base, spread, f.ppo.seed, trace, &alpha);
-      absl::StatusOr<std::vector<allocator::PpoEpisode>> episodes = sim::CollectEpisodes(
-          setup->twin, w, alpha, agent, KeyedHash(f.ppo.seed, trace, 0x616374), control);
+      absl::StatusOr<std::vector<allocator::PpoEpisode>> episodes =
+          sim::CollectEpisodes(setup->twin, w, alpha, agent, KeyedHash(f.ppo.seed, trace, 0x616374),
+                               control, {}, f.p99_weight);
       if (!episodes.ok()) return TrainFail(absl::StrCat("trace ", trace), episodes.status());
       ++trace;
       for (allocator::PpoEpisode& e : *episodes) {
@@ -161,12 +170,25 @@ void RegisterTrainCommands(CLI::App& app, Run* run) {
   cmd->add_option("--workload", f->workload,
                   "base workload config: each training trace varies its regime, hot ratio and "
                   "rate (deploy/local/workload.yaml)");
+  cmd->add_option("--rate", f->rate,
+                  "base arrival rate of the whole twin, requests/s (0: the workload's)")
+      ->check(CLI::Range(0.0, 1e7));
   cmd->add_option("--node-config", f->files.node_config, "the nodes' config");
   cmd->add_option("--costs", f->files.costs, "cost model file (sim/costs/*.yaml)");
   cmd->add_option("--router", f->files.router, "routing policy");
   cmd->add_option("--nodes", f->files.nodes, "serving nodes per twin")->check(CLI::Range(1u, 256u));
   cmd->add_option("--emb-sample", f->files.emb_sample, "EMB cache tracks 1 in N rows")
       ->check(CLI::Range(1u, 1u << 20));
+  cmd->add_flag("--history-sketch", f->files.history_sketch,
+                "sketch first visits' histories (needs --emb-sample 2 or more; "
+                "docs/simulator.md)");
+  cmd->add_flag("--calibrate-costs", f->calibrate_costs,
+                "the router calibrates its weights online, as `hlem sim` and `hlem eval` run it "
+                "(off by default: the committed ppo-local policy was trained without)");
+  cmd->add_option("--p99-weight", f->p99_weight,
+                  "reward = ARCHITECTURE §3's - this x P99/SLO: breaks the ties of a saturated "
+                  "reward toward the lower P99 (0: §3's alone; docs/allocator.md)")
+      ->check(CLI::Range(0.0, 10.0));
   cmd->add_option("--iterations", f->iterations, "PPO updates")->check(CLI::Range(1, 100000));
   cmd->add_option("--steps", f->steps, "decisions (node windows) collected per update")
       ->check(CLI::Range(1u, 1u << 24));

@@ -26,6 +26,10 @@ absl::StatusOr<TwinSetup> LoadTwinSetup(const TwinFiles& f) {
   if (!policy.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--router: ", policy.status().message()));
   }
+  if (f.history_sketch && f.emb_sample < 2) {
+    return absl::InvalidArgumentError(
+        "--history-sketch: needs --emb-sample 2 or more (a sketch draws the sampled rows only)");
+  }
   TwinSetup s;
   s.twin.node = {.local = *local,
                  .model = config->model,
@@ -34,6 +38,7 @@ absl::StatusOr<TwinSetup> LoadTwinSetup(const TwinFiles& f) {
   s.twin.nodes = f.nodes;
   s.twin.costs = *costs;
   s.twin.router.policy = *policy;
+  s.twin.history_sketch = f.history_sketch;
   // For shard faults: the shards' map and tables, the nodes' client timings; a dead server
   // refuses gRPC connections, over UCX shared memory it is silent (sim/twin/sim_shards.h).
   s.twin.shards = sim::SimShardOptions{.client = shard::ClientOptionsFor(config->shards),

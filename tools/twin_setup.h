@@ -16,6 +16,7 @@ struct TwinFiles {
   std::string costs = "sim/costs/cpu-local-cluster.yaml";
   std::string router = "hlem";
   uint32_t nodes = 4, emb_sample = 1;
+  bool history_sketch = false;  // first visits' histories sketched (needs emb_sample >= 2)
 };
 
 struct TwinSetup {

@@ -1,5 +1,6 @@
 #include "sim/twin/train.h"
 
+#include <algorithm>
 #include <memory>
 #include <span>
 #include <utility>
@@ -25,13 +26,14 @@ double Draw(uint64_t seed, uint64_t index, uint64_t what, double lo, double hi) 
 class ClusterRewardLog final : public allocator::Controller {
  public:
   ClusterRewardLog(std::unique_ptr<allocator::Controller> inner,
-                   absl::flat_hash_map<uint64_t, std::pair<double, double>>* cluster)
-      : inner_(std::move(inner)), cluster_(*cluster) {}
+                   absl::flat_hash_map<uint64_t, std::pair<double, double>>* cluster,
+                   double p99_weight)
+      : inner_(std::move(inner)), cluster_(*cluster), p99_weight_(p99_weight) {}
   std::string name() const override { return inner_->name(); }
   allocator::Decision Decide(std::span<const allocator::WindowState> history) override {
     const allocator::WindowState& w = history.back();
     const double requests = static_cast<double>(w.requests);
-    cluster_[w.index].first += requests * allocator::Reward(w);
+    cluster_[w.index].first += requests * TrainingReward(w, p99_weight_);
     cluster_[w.index].second += requests;
     return inner_->Decide(history);
   }
@@ -40,9 +42,17 @@ class ClusterRewardLog final : public allocator::Controller {
  private:
   std::unique_ptr<allocator::Controller> inner_;
   absl::flat_hash_map<uint64_t, std::pair<double, double>>& cluster_;
+  const double p99_weight_;
 };
 
 }  // namespace
+
+double TrainingReward(const allocator::WindowState& w, double p99_weight) {
+  const double reward = allocator::Reward(w);
+  if (p99_weight == 0 || w.slo_seconds <= 0) return reward;
+  const double cap = w.p99_norm_cap > 1 ? w.p99_norm_cap : 1;
+  return reward - p99_weight * std::min(w.p99_seconds / w.slo_seconds, cap);
+}
 
 WorkloadConfig TrainingWorkload(const WorkloadConfig& base, const TrainingSpread& s, uint64_t seed,
                                 uint64_t index, double* start_alpha) {
@@ -90,7 +100,7 @@ std::string DescribeWorkload(const WorkloadConfig& w) {
 absl::StatusOr<std::vector<allocator::PpoEpisode>> CollectEpisodes(
     const TwinOptions& options, const WorkloadConfig& workload, double start_alpha,
     const allocator::PpoAgent& agent, uint64_t seed, const ControlOptions& control,
-    const allocator::Bounds& bounds) {
+    const allocator::Bounds& bounds, double p99_weight) {
   TwinOptions o = options;
   o.alpha = start_alpha;
   ASSIGN_OR_RETURN(std::unique_ptr<Twin> twin, Twin::Create(o, workload));
@@ -108,10 +118,14 @@ absl::StatusOr<std::vector<allocator::PpoEpisode>> CollectEpisodes(
       made = c.status();
       return nullptr;
     }
-    return std::make_unique<ClusterRewardLog>(std::move(*c), &cluster);
+    return std::make_unique<ClusterRewardLog>(std::move(*c), &cluster, p99_weight);
   };
+  // With sketched histories a first visit's events are not drawn (the twin sketches them).
+  const WorkloadGenerator::Events events = options.history_sketch
+                                               ? WorkloadGenerator::Events::kReturning
+                                               : WorkloadGenerator::Events::kAll;
   absl::StatusOr<std::vector<ControlRecord>> records = RunControlled(
-      *twin, [&](TraceRequest* r) { return gen->Next(r); }, make, control);
+      *twin, [&](TraceRequest* r) { return gen->Next(r, events); }, make, control);
   RETURN_IF_ERROR(made);
   RETURN_IF_ERROR(records.status());
   // Each step's reward becomes the cluster's for its window.

@@ -35,15 +35,23 @@ WorkloadConfig TrainingWorkload(const WorkloadConfig& base, const TrainingSpread
 // "steady 0.23", "trend 0.15->0.52", "burst 0.20/0.65 x48/h" (for logs).
 std::string DescribeWorkload(const WorkloadConfig& w);
 
+// The reward a training step gets for a closed window: ARCHITECTURE §3's (allocator::Reward)
+// minus p99_weight · P99 ÷ SLO (capped as the features cap it). The §3 reward saturates at 1 when
+// every request meets the SLO (at paper scale with 3 layers nearly every window, whatever α is),
+// and then gives PPO no gradient; the small P99 term breaks those ties toward the lower P99, as
+// the oracle's α*_t does (sim/twin/oracle.h). 0 leaves the §3 reward as it is.
+double TrainingReward(const allocator::WindowState& w, double p99_weight);
+
 // Replays `workload` (generated, not read from a file) through a twin of `options` starting at
 // `start_alpha`, every node under an explorer of `agent` (keyed by seed and node); returns one
 // episode per node. Each step's reward is then the cluster's for that window: the mean of the
 // nodes' window rewards weighted by their requests. (With each node's own reward the policy
 // learns to push load onto the other nodes: a node that lowers α loses EMB locality, the router
-// sends it fewer requests and its own P99 improves while the cluster's gets worse.)
+// sends it fewer requests and its own P99 improves while the cluster's gets worse.) The nodes'
+// rewards are TrainingReward(window, p99_weight).
 absl::StatusOr<std::vector<allocator::PpoEpisode>> CollectEpisodes(
     const TwinOptions& options, const WorkloadConfig& workload, double start_alpha,
     const allocator::PpoAgent& agent, uint64_t seed, const ControlOptions& control,
-    const allocator::Bounds& bounds = {});
+    const allocator::Bounds& bounds = {}, double p99_weight = 0);
 
 }  // namespace hlem::sim

@@ -576,6 +576,28 @@ TEST(TrainTest, EveryNodeGetsAnEpisodeRewardedByTheClusterWindow) {
     }
   }
   EXPECT_GE(by_window.size(), 17u);
+
+  // With a P99 weight the same decisions (same agent, same keys) are rewarded less, by the
+  // weight times the windows' P99 ÷ SLO, never by more than the weight times the cap.
+  absl::StatusOr<std::vector<allocator::PpoEpisode>> weighted = CollectEpisodes(
+      options, workload, alpha, *agent, 9, {.window = options.node.local.node.window}, {}, 0.5);
+  ASSERT_TRUE(weighted.ok()) << weighted.status();
+  ASSERT_EQ(weighted->size(), episodes->size());
+  size_t lowered = 0;
+  for (size_t n = 0; n < episodes->size(); ++n) {
+    const allocator::PpoEpisode &e = (*episodes)[n], &w = (*weighted)[n];
+    ASSERT_EQ(w.steps.size(), e.steps.size());
+    for (size_t i = 0; i < e.steps.size(); ++i) {
+      EXPECT_EQ(w.steps[i].action, e.steps[i].action);
+      EXPECT_LE(w.steps[i].reward, e.steps[i].reward);
+      EXPECT_GE(w.steps[i].reward, e.steps[i].reward - 0.5 * allocator::WindowState{}.p99_norm_cap);
+      lowered += w.steps[i].reward < e.steps[i].reward;
+    }
+  }
+  EXPECT_GT(lowered, 0u);
+  allocator::WindowState state{.requests = 10, .p99_seconds = 0.015, .slo_seconds = 0.030};
+  EXPECT_DOUBLE_EQ(TrainingReward(state, 0), allocator::Reward(state));
+  EXPECT_DOUBLE_EQ(TrainingReward(state, 0.5), allocator::Reward(state) - 0.25);
 }
 
 TEST(TwinTest, CalibrationLearnsFromTheAnswersAndSetsTheRoutersWeights) {

@@ -295,7 +295,8 @@ absl::StatusOr<uint64_t> WriteTrace(WorkloadGenerator& generator, const std::str
                                            .generated_events = generated_events});
   if (!writer.ok()) return writer.status();
   TraceRequest r;
-  while (generator.Next(&r, /*with_events=*/!generated_events)) {
+  while (generator.Next(
+      &r, generated_events ? WorkloadGenerator::Events::kNone : WorkloadGenerator::Events::kAll)) {
     if (absl::Status st = (*writer)->Append(r); !st.ok()) return st;
   }
   if (absl::Status st = (*writer)->Finish(); !st.ok()) return st;

@@ -188,16 +188,20 @@ TEST_F(TraceTest, DamageIsAnErrorNotAShortTrace) {
 }
 
 // For the simulator's sketched histories: first visits come without their events, counted in
-// omitted_events; every other request reads as it is.
+// omitted_events; every other request reads as it is. The generator leaves out the same
+// (Events::kReturning: what training in the twin replays without a trace file).
 TEST_F(TraceTest, FirstVisitsCanBeReadWithoutTheirEvents) {
   const std::string path = Write(7, "omit");
   auto plain = *TraceReader::Open(path);
   auto omit = *TraceReader::Open(path);
   omit->OmitFirstVisits(true);
-  TraceRequest want, got;
+  auto generated = *WorkloadGenerator::Create(testing::TinyWorkload(7));
+  TraceRequest want, got, drawn;
   uint64_t first_visits = 0, n = 0;
   while (*plain->Next(&want)) {
     ASSERT_TRUE(*omit->Next(&got));
+    ASSERT_TRUE(generated->Next(&drawn, WorkloadGenerator::Events::kReturning));
+    ASSERT_EQ(drawn, got) << "record " << n;
     ++n;
     if (want.prior_events == 0) {
       ++first_visits;
@@ -209,6 +213,7 @@ TEST_F(TraceTest, FirstVisitsCanBeReadWithoutTheirEvents) {
     ASSERT_EQ(got, want) << "record " << n;
   }
   EXPECT_FALSE(*omit->Next(&got));
+  EXPECT_FALSE(generated->Next(&drawn, WorkloadGenerator::Events::kReturning));
   EXPECT_GT(first_visits, 10u);
   EXPECT_LT(first_visits, n);
 }
@@ -246,14 +251,14 @@ TEST_F(TraceTest, GeneratedTracesAreWrittenWithoutDrawingTheEvents) {
   TraceRequest ra, rb;
   uint64_t events = 0;
   while (drawn->Next(&ra)) {
-    ASSERT_TRUE(counted->Next(&rb, /*with_events=*/false));
+    ASSERT_TRUE(counted->Next(&rb, WorkloadGenerator::Events::kNone));
     EXPECT_TRUE(rb.new_events.empty());
     ASSERT_EQ(rb.omitted_events * 2, ra.new_events.size());
     events += rb.omitted_events;
     ASSERT_TRUE(wa->Append(ra).ok());
     ASSERT_TRUE(wb->Append(rb).ok());
   }
-  EXPECT_FALSE(counted->Next(&rb, false));
+  EXPECT_FALSE(counted->Next(&rb, WorkloadGenerator::Events::kNone));
   ASSERT_TRUE(wa->Finish().ok());
   ASSERT_TRUE(wb->Finish().ok());
   EXPECT_GT(events, 1000u);

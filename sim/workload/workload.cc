@@ -390,7 +390,7 @@ void WorkloadGenerator::AppendEvent(Drawn item, std::vector<uint64_t>* out) cons
   for (size_t f = 1; f < F_; ++f) out->push_back(Derived(f, item));
 }
 
-bool WorkloadGenerator::Next(TraceRequest* out, bool with_events) {
+bool WorkloadGenerator::Next(TraceRequest* out, Events events) {
   now_ns_ += static_cast<uint64_t>(-std::log(1 - Unit(arrivals_)) * 1e9 / config_.rate);
   if (now_ns_ >= end_ns_) return false;
   while (!recent_.empty() && recent_.front().first + horizon_ns_ < now_ns_) {
@@ -415,7 +415,7 @@ bool WorkloadGenerator::Next(TraceRequest* out, bool with_events) {
   out->prior_events = sent;
   out->new_events.clear();
   out->omitted_events = 0;
-  if (with_events) {
+  if (events == Events::kAll || (events == Events::kReturning && sent > 0)) {
     out->new_events.reserve(n * F_);
     AppendEventsOf(user, sent, n, &out->new_events);
   } else {

@@ -123,10 +123,13 @@ class WorkloadGenerator {
  public:
   static absl::StatusOr<std::unique_ptr<WorkloadGenerator>> Create(const WorkloadConfig& config);
 
-  // The next request in time order; false after the last phase ends. Without `with_events` its
-  // events are not drawn: new_events stays empty and omitted_events counts them (what a trace of
-  // generated events stores; its reader draws them again). The other fields are the same.
-  bool Next(TraceRequest* out, bool with_events = true);
+  // Which requests' events Next draws; the others get new_events empty and omitted_events
+  // counting them. kNone is what a trace of generated events stores (its reader draws them
+  // again); kReturning is what TraceReader::OmitFirstVisits reads (first visits left for the
+  // simulator to sketch). The other fields are the same whichever is chosen.
+  enum class Events { kAll, kNone, kReturning };
+  // The next request in time order; false after the last phase ends.
+  bool Next(TraceRequest* out, Events events = Events::kAll);
 
   const WorkloadConfig& config() const { return config_; }
   uint64_t duration_ns() const { return end_ns_; }

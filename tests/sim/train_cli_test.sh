@@ -3,7 +3,8 @@
 # file byte for byte in two separate processes, another seed another file; the file records the
 # command that reproduces it and loads as the ppo controller of `hlem sim run`, which then decides
 # every window by the policy; bad input (a bad --hidden, a missing --workload, a missing or
-# wrongly shaped --weights file) is a clear error with exit code 2.
+# wrongly shaped --weights file, --history-sketch without sampled rows) is a clear error with exit
+# code 2. A sketched, calibrated run with the P99 tie-break (how the paper policy is trained) works.
 # Usage: train_cli_test.sh <build dir> <source dir>
 set -euo pipefail
 build=$1
@@ -30,6 +31,14 @@ c=$(grep -v '^#' "$dir/c.mlp" | sha256sum | cut -d' ' -f1)
 grep -q '^#   hlem train-ppo .*--seed 3' "$dir/a.mlp" || {
   echo "the file does not record its command" >&2; head -5 "$dir/a.mlp" >&2; exit 1; }
 [ "$(grep -c '^ *2 ' "$dir/a.txt")" = 1 ] || { echo "no second iteration line" >&2; cat "$dir/a.txt" >&2; exit 1; }
+# The paper profile's way: sampled rows, sketched first visits, calibrated router, P99 tie-break;
+# the file records every one of those flags.
+train "$dir/s.mlp" --seed 3 --emb-sample 4 --history-sketch --calibrate-costs --p99-weight 0.5 \
+  --rate 30 >/dev/null
+grep -q '^#   hlem train-ppo .*--rate 30 .*--emb-sample 4 --history-sketch --calibrate-costs --p99-weight 0.5 ' \
+  "$dir/s.mlp" || { echo "the sketched run's file lacks its flags" >&2; head -5 "$dir/s.mlp" >&2; exit 1; }
+s=$(grep -v '^#' "$dir/s.mlp" | sha256sum | cut -d' ' -f1)
+[ "$s" != "$a" ] || { echo "the sketched run trained the same weights as the plain one" >&2; exit 1; }
 
 # The trained actor runs as the ppo controller.
 "$hlem" workload generate --config "$src/deploy/local/workload.yaml" --regime steady \
@@ -56,6 +65,7 @@ expect_usage() {  # expect_usage <text> <command...>
 expect_usage "--hidden" train "$dir/x.mlp" --hidden 64,x
 expect_usage "--workload" "$hlem" train-ppo --workload "$dir/missing.yaml" --out "$dir/x.mlp" \
   --node-config "$src/deploy/local/node.yaml" --costs "$src/sim/costs/cpu-local-cluster.yaml"
+expect_usage "--history-sketch: needs --emb-sample 2" train "$dir/x.mlp" --history-sketch
 expect_usage "--weights" sim --weights "$dir/missing.mlp"
 expect_usage "--weights" sim
 # An actor of the wrong shape (2 outputs, not the 7 actions).
