@@ -183,7 +183,6 @@ void SimExecutor::Prepare(Job& job) {
   const uint64_t sketched = parts_.sketcher != nullptr && from < carried ? carried - from : 0;
   std::vector<uint64_t> ids, tokens;
   ids.reserve((job.fresh - sketched + job.candidates) * F);
-  tokens.reserve(job.fresh);
   const HistorySketch* sketch = nullptr;
   if (parts_.sketcher != nullptr) {
     if (sketched > 0) sketch = &parts_.sketcher->Sketch(user, from, sketched);
@@ -202,6 +201,7 @@ void SimExecutor::Prepare(Job& job) {
     if ((*known)[from] != prefix.hash) known = nullptr;
   }
   if (known == nullptr) {
+    tokens.reserve(job.fresh);
     for (uint64_t j = from; j < from + sketched; ++j) tokens.push_back(PlaceholderToken(j));
     for (size_t at = 0; at < ids.size(); at += F) {
       tokens.push_back(serving::EventToken(std::span<const uint64_t>(ids).subspan(at, F)));

@@ -394,10 +394,17 @@ TEST(TwinTest, SampledEmbChargesPerRowAndTracksRowLevelHits) {
   workload.features[0].rows = 64 * 1024;  // communities of 1024 rows
   workload.rate = 400;                    // enough sampled lookups to estimate from
   const std::vector<TraceRequest> trace = Generate(workload);
+  // The popularity summary sees 1 in N keys: it keeps 1 in N of the configured counters.
+  constexpr uint32_t kCounters = 256;
+  std::map<uint32_t, uint32_t> tracked;  // by N, the most of any node's summary
   auto run = [&](uint32_t every, double* hit_rate) {
     TwinOptions options = testing::TinyTwin(workload);
     options.node.emb_sample = every;
+    options.node.local.popularity_capacity = kCounters;
     std::unique_ptr<Twin> twin = RunTwin(options, workload, trace);
+    for (size_t n = 0; n < twin->num_nodes(); ++n) {
+      tracked[every] = std::max(tracked[every], twin->node(n).sketch->GetStats().tracked);
+    }
     uint64_t hits = 0, misses = 0, ok = 0;
     for (const TwinOutcome& o : twin->outcomes()) {
       ok += o.code == absl::StatusCode::kOk;
@@ -413,6 +420,8 @@ TEST(TwinTest, SampledEmbChargesPerRowAndTracksRowLevelHits) {
   run(4, &sampled);
   EXPECT_GT(rows, 0.2);
   EXPECT_NEAR(sampled, rows, 0.05);
+  EXPECT_EQ(tracked[1], kCounters);  // full: more distinct rows than counters
+  EXPECT_EQ(tracked[4], kCounters / 4);
   TwinOptions bad = testing::TinyTwin(workload);
   bad.node.emb_sample = 0;
   auto twin = Twin::Create(bad, workload);
