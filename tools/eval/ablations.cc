@@ -68,7 +68,7 @@ absl::Status Ablations(const EvalOptions& o, const Profile& p, Stamp& stamp) {
       tools::SimSetupOptions run = SimOptions(o, p, trace, 0.5);
       run.router = Rungs()[n].router;
       run.controller = {.name = Rungs()[n].controller,
-                        .weights = (fs::path(o.repo) / kPolicy).string(),
+                        .weights = (fs::path(o.repo) / p.policy).string(),
                         .alpha = 0.5};
       runs.push_back(FiguresTask(o, stamp, run, 0.5));
     }
@@ -114,7 +114,7 @@ absl::Status Ablations(const EvalOptions& o, const Profile& p, Stamp& stamp) {
           "is). The controllers start at α 0.5 and decide every window on each node; the "
           "PPO-based ones run `%s`.\n",
           S, S > 1 ? " (P99 range over seeds in brackets)" : "",
-          o.quick ? "{0, 0.5, 0.8}" : "0, 0.1, …, 1", kBaselineRouter, kPolicy));
+          o.quick ? "{0, 0.5, 0.8}" : "0, 0.1, …, 1", kBaselineRouter, p.policy));
   std::string dat = "regime";
   for (const Rung& rung : Rungs()) {
     if (rung.label != "PPO+adapter+recovery (HLEM)") absl::StrAppend(&dat, " \"", rung.label, "\"");

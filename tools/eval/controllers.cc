@@ -129,7 +129,7 @@ Task TrackedTask(const EvalOptions& o, const Stamp& stamp, const Profile& p,
   tools::SimSetupOptions run = SimOptions(o, p, trace, kStartAlpha);
   run.controller = {.name = controller, .alpha = kStartAlpha};
   if (controller.rfind("ppo", 0) == 0 || controller == "hlem") {
-    run.controller.weights = (fs::path(o.repo) / kPolicy).string();
+    run.controller.weights = (fs::path(o.repo) / p.policy).string();
   }
   const sim::OracleOptions search = Search(p, o.quick);
   const std::string key =
@@ -245,7 +245,7 @@ absl::Status Tracking(const EvalOptions& o, const Profile& p, Stamp& stamp) {
       "# Tracking α\\* (experiment 3)\n\n", stamp.Markdown(),
       absl::StrFormat("\nThe SmartAllocator (`hlem`: `%s` + adapter + recovery, from α %.1f) on "
                       "every node, behind the KV–EMB-aware router. %s\n\n",
-                      kPolicy, kStartAlpha, SearchLine(p, o.quick)),
+                      p.policy, kStartAlpha, SearchLine(p, o.quick)),
       "| regime | windows | gap | gap where the window told | regret | α\\* mean (min–max) | α "
       "mean | unimodal | window P99 "
       "at α\\* / HLEM ms | α\\* by reward / P99 / tie | P99 ms | SLO |\n"
@@ -342,7 +342,7 @@ absl::Status Controllers(const EvalOptions& o, const Profile& p, Stamp& stamp) {
     }
     allocator::ControllerSpec spec{.name = std::string(name), .alpha = kStartAlpha};
     if (name.rfind("ppo", 0) == 0 || name == "hlem") {
-      spec.weights = (fs::path(o.repo) / kPolicy).string();
+      spec.weights = (fs::path(o.repo) / p.policy).string();
     }
     if (absl::StatusOr<allocator::ControllerFactory> f = allocator::MakeControllerFactory(spec);
         f.ok()) {
@@ -362,7 +362,7 @@ absl::Status Controllers(const EvalOptions& o, const Profile& p, Stamp& stamp) {
       absl::StrFormat("\nEvery controller of `allocator_service/core/registry.h` on every node, "
                       "from α %.1f (`static` stays there; `recovery` guards it), behind the "
                       "KV–EMB-aware router; the PPO-based ones with `%s`. %s\n\n",
-                      kStartAlpha, kPolicy, SearchLine(p, o.quick)));
+                      kStartAlpha, p.policy, SearchLine(p, o.quick)));
   std::string header = "| controller |", rule = "|---|";
   for (sim::Regime regime : Regimes()) {
     absl::StrAppend(&header, " ", sim::RegimeName(regime), ": gap / P99 ms / SLO |");

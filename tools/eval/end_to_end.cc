@@ -89,7 +89,7 @@ absl::Status EndToEnd(const EvalOptions& o, const Profile& p, Stamp& stamp) {
           tools::SimSetupOptions options = SimOptions(o, p, trace_of(r, k), 0.5);
           options.node_config = config;
           options.controller = {
-              .name = "hlem", .weights = (fs::path(o.repo) / kPolicy).string(), .alpha = 0.5};
+              .name = "hlem", .weights = (fs::path(o.repo) / p.policy).string(), .alpha = 0.5};
           runs.push_back(FiguresTask(o, stamp, options, 0.5));
         }
       }
@@ -146,7 +146,7 @@ absl::Status EndToEnd(const EvalOptions& o, const Profile& p, Stamp& stamp) {
           "node. All behind the calibrated KV–EMB-aware router, with refill and popularity "
           "prefetch on.\n",
           S, S > 1 ? " (P99 range over seeds in brackets)" : "", o.quick ? "{0, 0.5, 0.8}" : "0.1",
-          kTrainSeed, kPolicy));
+          kTrainSeed, p.policy));
   struct Row {
     std::string label;
     Cell kv_opt, oracle, deployable, hlem;

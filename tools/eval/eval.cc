@@ -117,6 +117,9 @@ absl::StatusOr<Profile> FindProfile(const std::string& name, bool quick) {
          .duration_s = 180,
          .warmup_s = 30,
          .search_every = 3,
+         // A policy trained in this profile's twin did no better (docs/allocator.md, "A policy
+         // trained at paper scale"): the local one stays.
+         .policy = "allocator_service/policies/ppo-local.mlp",
          .note =
              "simulated: 8 of the paper's 256 A100-80GB serving nodes at 40 requests/s each; "
              "the device's costs are published figures, not measurements; EMB rows sampled 1 in "
@@ -136,6 +139,7 @@ absl::StatusOr<Profile> FindProfile(const std::string& name, bool quick) {
          .rate_per_node = 10,
          .duration_s = 180,
          .warmup_s = 30,
+         .policy = "allocator_service/policies/ppo-local.mlp",
          .note = "simulated: the local cluster's 4 CPU serving nodes, costs fitted to its runs"};
     if (quick) {
       p.duration_s = 20;

@@ -19,9 +19,6 @@
 
 namespace hlem::eval {
 
-// The committed PPO policy the SmartAllocator runs with (relative to the repository).
-inline constexpr char kPolicy[] = "allocator_service/policies/ppo-local.mlp";
-
 // Where and how an experiment runs in the twin.
 struct Profile {
   std::string name;             // "paper", "local"
@@ -35,7 +32,10 @@ struct Profile {
   double duration_s = 180;      // per trace (one regime)
   double warmup_s = 30;         // left out of the figures
   uint32_t search_every = 1;    // tracked runs search α* every this many windows (its cost)
-  std::string note;             // one line on what the profile stands for, printed with results
+  // The committed PPO policy the SmartAllocator runs with (relative to the repository;
+  // allocator_service/policies/README.md).
+  std::string policy;
+  std::string note;  // one line on what the profile stands for, printed with results
 };
 
 // The built-in profiles: `paper` (sim/profiles/paper, published A100 costs; 8 of the 256 nodes at

@@ -11,7 +11,10 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "allocator_service/core/controller.h"
+#include "allocator_service/core/mlp.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tools/eval/experiments.h"
@@ -124,6 +127,19 @@ TEST_F(EvalTest, ADeeperModelIsACopyOfTheNodeConfigThatStillLoads) {
        .costs = std::string(HLEM_SOURCE_DIR) + "/sim/costs/a100-published.yaml"});
   ASSERT_TRUE(setup.ok()) << setup.status();
   EXPECT_EQ(setup->twin.node.model.layers, 6);
+}
+
+// Each profile's SmartAllocator runs a committed policy shaped for the allocator (its 7 features
+// in, one output per action).
+TEST_F(EvalTest, EveryProfilesPolicyIsCommittedAndLoads) {
+  for (const char* name : {"paper", "local"}) {
+    const Profile p = *FindProfile(name, false);
+    absl::StatusOr<allocator::Mlp> mlp =
+        allocator::Mlp::Load(std::string(HLEM_SOURCE_DIR) + "/" + p.policy);
+    ASSERT_TRUE(mlp.ok()) << name << ": " << mlp.status();
+    EXPECT_EQ(mlp->inputs(), static_cast<uint32_t>(allocator::kNumFeatures)) << name;
+    EXPECT_EQ(mlp->outputs(), allocator::kActions.size()) << name;
+  }
 }
 
 TEST_F(EvalTest, UnknownNamesAreErrorsThatListTheKnownOnes) {

@@ -116,7 +116,7 @@ absl::Status Scale(const EvalOptions& o, const Profile& p, Stamp& stamp) {
     for (size_t j = 0; j < H * S; ++j) {
       tools::SimSetupOptions run = SimOptions(o, profiles[i], traces[i * H * S + j], 0.5);
       run.controller = {
-          .name = "hlem", .weights = (fs::path(o.repo) / kPolicy).string(), .alpha = 0.5};
+          .name = "hlem", .weights = (fs::path(o.repo) / p.policy).string(), .alpha = 0.5};
       if (i == 0 && j == 0) {
         ASSIGN_OR_RETURN(const tools::SimSetup setup, tools::PrepareSim(run));
         stamp.device = setup.twin.costs.device;
@@ -167,7 +167,7 @@ absl::Status Scale(const EvalOptions& o, const Profile& p, Stamp& stamp) {
           "so each node sees the same share. Mean over %d seed(s).\n\n## Weak scaling (hot-user "
           "ratio %.1f)\n\n| nodes |%s offered req/s | OK req/s | efficiency | P99 ms | SLO | KV "
           "reuse | route µs | twin req/s of wall |\n|---|%s---|---|---|---|---|---|---|---|\n",
-          kPolicy, base.duration_s, base.warmup_s, p.rate_per_node, p.nodes, S, kWeakRatio,
+          p.policy, base.duration_s, base.warmup_s, p.rate_per_node, p.nodes, S, kWeakRatio,
           paper ? " hosts |" : "", paper ? "---|" : ""));
   std::string dat_weak, dat_heat;
   for (size_t i = 0; i < N; ++i) {

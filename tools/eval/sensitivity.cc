@@ -124,7 +124,7 @@ absl::Status Sensitivity(const EvalOptions& o, const Profile& p, Stamp& stamp) {
       tools::SimSetupOptions run = SimOptions(o, p, trace, 0.5);
       run.costs = v.costs;
       run.node_config = v.node_config;
-      run.controller = {.name = "hlem", .weights = (repo / kPolicy).string(), .alpha = 0.5};
+      run.controller = {.name = "hlem", .weights = (repo / p.policy).string(), .alpha = 0.5};
       runs.push_back(FiguresTask(o, stamp, run, 0.5));
     }
   }
@@ -171,7 +171,7 @@ absl::Status Sensitivity(const EvalOptions& o, const Profile& p, Stamp& stamp) {
           "at ×0.5 and ×2 (`%s`; the link: the node config's `memory.link.bytes_per_second`). "
           "Cells: oracle α, its P99 → HLEM's P99 (ms), and the change; negative = HLEM "
           "faster. Mean over %d seed(s).\n\n| costs |",
-          kPolicy,
+          p.policy,
           absl::StrJoin(grid, ", ",
                         [](std::string* out, double a) { absl::StrAppendFormat(out, "%.1f", a); }),
           p.costs, S));
