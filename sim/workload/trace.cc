@@ -79,6 +79,11 @@ absl::Status TraceWriter::Append(const TraceRequest& r) {
     return absl::InvalidArgumentError(
         absl::StrCat("trace: request of user ", r.user, ": ids not a multiple of ", F_));
   }
+  if ((r.omitted_events + r.new_events.size() / F_) * F_ > kMaxRequestIds ||
+      r.candidates.size() > kMaxRequestIds) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("trace: request of user ", r.user, ": more than ", kMaxRequestIds, " ids"));
+  }
   if (r.t_ns < last_t_) {
     return absl::InvalidArgumentError(
         absl::StrCat("trace: request at ", r.t_ns, " ns after one at ", last_t_, " ns"));
@@ -186,6 +191,7 @@ absl::StatusOr<std::unique_ptr<TraceReader>> TraceReader::Open(const std::string
                                                  })) {
       return Corrupt("generated events, but the header's generator has other feature tables");
     }
+    r->max_events_ = MaxEventsPerRequest(*config);
     r->events_ = std::move(*generator);
   }
   return r;
@@ -224,15 +230,29 @@ bool TraceReader::Varint(uint64_t* v) {
 
 absl::Status TraceReader::Ids(uint64_t n, std::vector<uint64_t>* out) {
   const size_t F = header_.features.size();
-  if (n > (uint64_t{1} << 32) / F) return Corrupt(absl::StrCat("record ", count_, ": too long"));
-  out->resize(n * F);
+  if (absl::Status st = CheckIdCount(n); !st.ok()) return st;
+  // Grown as the ids are read, not sized from the count: a corrupt count in a short file must not
+  // allocate what the file's bytes (one at least per id) do not back.
+  out->clear();
+  out->reserve(std::min<uint64_t>(n * F, 1 << 16));
   for (uint64_t i = 0; i < n * F; ++i) {
-    if (!Varint(&(*out)[i])) return Corrupt(absl::StrCat("record ", count_, ": truncated"));
+    uint64_t id;
+    if (!Varint(&id)) return Corrupt(absl::StrCat("record ", count_, ": truncated"));
     const FeatureTable& t = header_.features[i % F];
-    if ((*out)[i] >= t.rows) {
-      return Corrupt(absl::StrCat("record ", count_, ": id ", (*out)[i], " past table ", t.name,
-                                  " (", t.rows, " rows)"));
+    if (id >= t.rows) {
+      return Corrupt(absl::StrCat("record ", count_, ": id ", id, " past table ", t.name, " (",
+                                  t.rows, " rows)"));
     }
+    out->push_back(id);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TraceReader::CheckIdCount(uint64_t n) const {
+  const size_t F = header_.features.size();
+  if (n > kMaxRequestIds / F) {
+    return Corrupt(absl::StrCat("record ", count_, ": ", n, " × ", F, " ids, more than the ",
+                                kMaxRequestIds, " a request may carry"));
   }
   return absl::OkStatus();
 }
@@ -263,9 +283,10 @@ absl::StatusOr<bool> TraceReader::Next(TraceRequest* out) {
   }
   out->omitted_events = 0;
   if (events_ != nullptr) {
-    const size_t F = header_.features.size();
-    if (events > (uint64_t{1} << 32) / F) {
-      return Corrupt(absl::StrCat("record ", count_, ": too long"));
+    if (events > max_events_) {
+      return Corrupt(absl::StrCat("record ", count_, ": ", events,
+                                  " events, more than the header's generator draws (", max_events_,
+                                  ")"));
     }
     out->new_events.clear();
     if (omit_first_visits_ && out->prior_events == 0) {

@@ -98,9 +98,12 @@ class TraceReader {
   bool Varint(uint64_t* v);
   bool Fixed(void* p, size_t n);
   absl::Status Ids(uint64_t n, std::vector<uint64_t>* out);
+  // INVALID_ARGUMENT when n events or candidates of F ids each would pass kMaxRequestIds.
+  absl::Status CheckIdCount(uint64_t n) const;
 
   std::ifstream in_;
   std::unique_ptr<WorkloadGenerator> events_;  // a generated trace's events
+  uint64_t max_events_ = 0;                    // per record, with events_
   std::vector<char> buf_ = std::vector<char>(1 << 20);
   size_t pos_ = 0, len_ = 0;
   bool hashing_ = false;

@@ -218,6 +218,38 @@ TEST_F(TraceTest, FirstVisitsCanBeReadWithoutTheirEvents) {
   EXPECT_LT(first_visits, n);
 }
 
+// A record's counts are checked before anything is sized from them (trace_file_fuzz: a count of
+// 2^31 made the reader allocate 32 GiB). Explicit ids must also be backed by the file's bytes.
+TEST_F(TraceTest, RecordsClaimingMoreIdsThanARequestMayCarryAreRefused) {
+  auto varint = [](uint64_t v) {
+    std::string out;
+    for (; v >= 0x80; v >>= 7) out.push_back(static_cast<char>((v & 0x7f) | 0x80));
+    out.push_back(static_cast<char>(v));
+    return out;
+  };
+  // Tag 1, dt 0, user 1, no prior events, `events` events, and a few bytes more.
+  auto record = [&](uint64_t events) {
+    return "\x01" + varint(0) + varint(1) + varint(0) + varint(events) + std::string(40, '\x03');
+  };
+  const std::string generated = Bytes(Write(7, "generated"));
+  const std::string header = generated.substr(0, EventsModeAt(generated) + 1 + 4);
+  EXPECT_THAT(std::string(ReadAll(Save("huge-generated", header + record(1ULL << 31))).message()),
+              HasSubstr("more than the header's generator draws"));
+  std::string explicit_header = header;
+  explicit_header[EventsModeAt(generated)] = 0;
+  EXPECT_THAT(std::string(ReadAll(Save("huge", explicit_header + record(1ULL << 30))).message()),
+              HasSubstr("a request may carry"));
+  EXPECT_THAT(std::string(ReadAll(Save("short", explicit_header + record(1ULL << 23))).message()),
+              HasSubstr("truncated"));
+
+  const std::string p = Path("w-huge");
+  paths_.push_back(p);
+  auto w = *TraceWriter::Create(p, {.features = {{"item", 0, 10}}, .generated_events = true});
+  EXPECT_EQ(w->Append({.t_ns = 1, .user = 1, .omitted_events = kMaxRequestIds + 1}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(w->Append({.t_ns = 1, .user = 1, .omitted_events = kMaxRequestIds}).ok());
+}
+
 TEST_F(TraceTest, WriterRejectsRaggedOrBackwardRequests) {
   const std::string p = Path("w");
   paths_.push_back(p);

@@ -59,6 +59,12 @@ const char* RegimeName(Regime regime) {
   return "?";
 }
 
+uint64_t MaxEventsPerRequest(const WorkloadConfig& c) {
+  const double first = std::llround(c.history_max * c.history_scale);
+  const double returning = c.new_events_mean + 10 * std::sqrt(c.new_events_mean) + 100;
+  return static_cast<uint64_t>(std::ceil(std::max({first, returning, 1.0})));
+}
+
 absl::Status Validate(const WorkloadConfig& c) {
   std::vector<std::string> errors;
   auto check = [&](bool ok, absl::string_view field, absl::string_view message) {
@@ -105,6 +111,18 @@ absl::Status Validate(const WorkloadConfig& c) {
   check(c.new_events_mean >= 0 && c.new_events_mean <= 1e6, "new_events_mean",
         "must be in [0, 1e6]");
   check(c.candidates >= 1 && c.candidates <= 100000, "candidates", "must be in [1, 100000]");
+  // A request's id lists stay under kMaxRequestIds (see MaxEventsPerRequest).
+  const double features = static_cast<double>(c.features.size());
+  const double limit = static_cast<double>(kMaxRequestIds);
+  check(c.history_max * c.history_scale * features <= limit, "history_max",
+        absl::StrCat("history_max × history_scale × features must be at most ", kMaxRequestIds,
+                     " ids per request"));
+  check((c.new_events_mean + 10 * std::sqrt(c.new_events_mean) + 100) * features <= limit,
+        "new_events_mean",
+        absl::StrCat("(new_events_mean + 10·√new_events_mean + 100) × features must be at most ",
+                     kMaxRequestIds, " ids per request"));
+  check(c.candidates * features <= limit, "candidates",
+        absl::StrCat("candidates × features must be at most ", kMaxRequestIds, " ids per request"));
   check(c.popular_candidate_share >= 0 && c.popular_candidate_share <= 1, "popular_candidate_share",
         "must be in [0, 1]");
   check(c.rate > 0 && c.rate <= 1e7, "rate", "must be in (0, 1e7] requests/s");

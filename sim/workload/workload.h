@@ -72,6 +72,10 @@ struct Phase {
 // Bumped whenever a config generates other requests than before (1: the first; 2: every burst
 // phase holds a spike). Tools that cache traces by their config key them by it too.
 inline constexpr int kGeneratorVersion = 2;
+// The most ids (events or candidates × features) one request may carry: 16 Mi ids, 128 MiB. The
+// paper's longest history (15 000 events) is far under it. Configs that could exceed it are
+// refused, writers refuse such requests, and readers refuse such records before allocating.
+inline constexpr uint64_t kMaxRequestIds = uint64_t{1} << 24;
 
 struct WorkloadConfig {
   uint64_t seed = 1;
@@ -99,6 +103,10 @@ struct WorkloadConfig {
 
 // INVALID_ARGUMENT naming the field ("workload.communities: ...").
 absl::Status Validate(const WorkloadConfig& config);
+// The most events one generated request carries: a first visit's longest history
+// (history_max × history_scale), or a returning visit's new events (Poisson: mean + 10 standard
+// deviations + 100, never reached in practice). Validate keeps it × features under kMaxRequestIds.
+uint64_t MaxEventsPerRequest(const WorkloadConfig& c);
 // From YAML (every field optional; see deploy/local/workload.yaml); errors name the field.
 absl::StatusOr<WorkloadConfig> ParseWorkloadConfig(const std::string& yaml_text);
 // The config as YAML that ParseWorkloadConfig reads back to the same config (for trace headers).

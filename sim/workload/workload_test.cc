@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sim/workload/stats.h"
@@ -192,6 +193,22 @@ TEST(WorkloadConfigTest, YamlRoundTripsAndErrorsNameTheField) {
   EXPECT_THAT(error("features:\n  - {name: \"a,b\", table_id: 0, rows: 1048576}" + two),
               HasSubstr("features[0].name"));
   EXPECT_EQ(error("features:\n  - {name: item.id-2_x, table_id: 0, rows: 1048576}" + two), "ok");
+  // A request's ids stay under kMaxRequestIds (trace_file_fuzz: a reader sized a generated record
+  // from a count no config could produce). The default config has two features.
+  EXPECT_THAT(error("history_max: 9000000"), HasSubstr("workload.history_max"));
+  EXPECT_THAT(error("history_max: 15000\nhistory_scale: 1000"), HasSubstr("workload.history_max"));
+  EXPECT_EQ(error("history_max: 8000000"), "ok");
+  auto tables = [](int n) {
+    std::string yaml = "features:";
+    for (int f = 0; f < n; ++f) {
+      absl::StrAppend(&yaml, "\n  - {name: t", f, ", table_id: ", f, ", rows: 1048576}");
+    }
+    return yaml;
+  };
+  EXPECT_EQ(error(tables(200)), "ok");
+  EXPECT_THAT(error(tables(20) + "\nnew_events_mean: 1000000"),
+              HasSubstr("workload.new_events_mean"));
+  EXPECT_THAT(error(tables(200) + "\ncandidates: 100000"), HasSubstr("workload.candidates"));
 }
 
 }  // namespace
