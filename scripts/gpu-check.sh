@@ -4,7 +4,14 @@
 # packages), runs its self-check against the host reference, then measures the device's costs for
 # the simulator into sim/costs/<device>.csv (also copied to $OUT when that is set).
 #
-#   scripts/gpu-check.sh [--quick]      # --quick: shorter measurements (about 1 minute)
+#   scripts/gpu-check.sh [--quick] [--tests DIR]
+#     --quick      shorter measurements (about 1 minute)
+#     --tests DIR  also run the main tree's GPU tests from a bundle made by --bundle (they need
+#                  Debian's libraries, which a bare GPU host lacks: the bundle carries them)
+#   scripts/gpu-check.sh --bundle BUILD DIR
+#     on the build machine: builds the GPU tests (cuda_device_test) in BUILD, a configured main
+#     tree, and copies them with every shared library they load except the C library's into DIR
+#     (DIR/bin, DIR/lib), for a GPU host to run with --tests DIR
 #
 # Env: CUDA_ARCH (default 90: H100/H200; 80 for A100), HLEM_GPU_BUILD (default build-gpu).
 # Exit: 0 all passed, 1 a check failed, 77 no CUDA device visible.
@@ -13,12 +20,32 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${HLEM_GPU_BUILD:-$root/build-gpu}
 arch=${CUDA_ARCH:-90}
+gpu_tests=(cuda_device_test)
 quick=()
-for a in "$@"; do
-  case "$a" in
+tests=""
+while [ $# -gt 0 ]; do
+  case "$1" in
     --quick) quick=(--quick) ;;
-    *) echo "gpu-check: unknown argument '$a' (known: --quick)" >&2; exit 2 ;;
+    --tests) tests=${2:?--tests needs a directory}; shift ;;
+    --bundle)
+      main_build=${2:?--bundle needs a build directory}
+      bundle=${3:?--bundle needs an output directory}
+      cmake --build "$main_build" --target "${gpu_tests[@]}"
+      rm -rf "$bundle" && mkdir -p "$bundle/bin" "$bundle/lib"
+      for t in "${gpu_tests[@]}"; do
+        binary=$(find "$main_build" -type f -name "$t" -perm -u+x | head -1)
+        [ -n "$binary" ] || { echo "gpu-check: $t not built in $main_build" >&2; exit 1; }
+        strip -o "$bundle/bin/$t" "$binary"
+        ldd "$binary" | awk '$3 ~ /^\// {print $3}' |
+          grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so' |
+          while read -r lib; do cp -L "$lib" "$bundle/lib/"; done
+      done
+      echo "gpu-check: bundle in $bundle ($(du -sh "$bundle" | cut -f1)): ${gpu_tests[*]}"
+      exit 0 ;;
+    *) echo "gpu-check: unknown argument '$1' (known: --quick, --tests DIR, --bundle BUILD DIR)" >&2
+       exit 2 ;;
   esac
+  shift
 done
 
 export PATH=/usr/local/cuda/bin:$PATH
@@ -41,6 +68,13 @@ rc=0
 if [ "$rc" -eq 77 ]; then
   echo "gpu-check: no CUDA device visible; nothing measured" >&2
   exit 77
+fi
+
+if [ -n "$tests" ]; then
+  echo "== main-tree GPU tests ($tests) =="
+  for t in "$tests"/bin/*; do
+    LD_LIBRARY_PATH="$tests/lib" "$t" --gtest_brief=0 || rc=1
+  done
 fi
 
 echo "== costs =="

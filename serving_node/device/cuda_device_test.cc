@@ -7,10 +7,16 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/notification.h"
 #include "common/clock.h"
 #include "common/rng.h"
 #include "gtest/gtest.h"
+#include "serving_node/core/emb_cache.h"
+#include "serving_node/core/hbm_pool.h"
+#include "serving_node/core/popularity.h"
+#include "serving_node/core/refill.h"
+#include "serving_node/core/row_source.h"
 #include "serving_node/device/cpu_device.h"
 
 namespace hlem::serving {
@@ -109,6 +115,93 @@ TEST_F(CudaDeviceGpuTest, BadArgumentsAreRejectedAsOnTheCpuDevice) {
   gpu_->CopyToPool(CopyClass::kCritical, CopyPurpose::kEmbMiss, x, (64 << 20) - 4, 8,
                    [&](absl::Status s) { copy = s; });
   EXPECT_EQ(copy.code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Serves row r of table t as bytes KeyedHash(t, r, i / 8); remembers what it served.
+class PatternRowSource final : public RowSource {
+ public:
+  static std::byte Byte(uint32_t table, uint64_t row, size_t i) {
+    return static_cast<std::byte>(KeyedHash(table, row, i / 8) >> (8 * (i % 8)));
+  }
+  absl::Status Fetch(uint32_t table_id, std::span<const uint64_t> rows, std::span<std::byte> out,
+                     absl::Time /*deadline*/) override {
+    const size_t row_bytes = out.size() / rows.size();
+    for (size_t r = 0; r < rows.size(); ++r) {
+      for (size_t i = 0; i < row_bytes; ++i) out[r * row_bytes + i] = Byte(table_id, rows[r], i);
+    }
+    absl::MutexLock lock(&mu_);
+    fetched_.insert(rows.begin(), rows.end());
+    return absl::OkStatus();
+  }
+  std::vector<uint64_t> fetched() const {
+    absl::MutexLock lock(&mu_);
+    return {fetched_.begin(), fetched_.end()};
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  absl::flat_hash_set<uint64_t> fetched_ ABSL_GUARDED_BY(mu_);
+};
+
+// The memory system's refill on a real GPU, on the real clock: after the EMB side wins pages,
+// the Refiller fetches the most popular rows and copies them in chunks through the pinned
+// staging into the cudaMalloc'd pool. Every refilled row must then be a hit whose slot holds
+// that row's bytes, read back both by ReadPool and by the gather kernel.
+TEST(CudaDeviceRefillTest, RefilledRowsHoldTheirOwnBytesInTheGpuPool) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  constexpr uint32_t kRowBytes = 256;
+  constexpr uint64_t kPageBytes = 64 << 10;
+  constexpr uint32_t kPages = 64;
+  auto device = *CudaDevice::Create({.pool_bytes = kPages * kPageBytes});
+  Clock& clock = RealClock::Get();
+  auto pool = *HbmPool::Create({.pool_bytes = kPages * kPageBytes, .page_bytes = kPageBytes});
+  auto cache = *EmbCache::Create({.tables = {{0, kRowBytes}}, .budget_pages = 4}, *pool, clock);
+  auto sketch = *PopularitySketch::Create({.capacity = 20000});
+  PatternRowSource source;
+  Rng rng(3);
+  for (int i = 0; i < 200000; ++i) {  // a skewed popularity over 100 000 rows
+    const uint64_t row[1] = {rng() % (1 + rng() % 100000)};
+    sketch->RecordBatch(0, row);
+  }
+  auto refiller = Refiller::Create({.chunk_bytes = 64 << 10,
+                                    .max_copy_bytes = 64 << 10,
+                                    .bytes_per_second = 1e10,
+                                    .burst_bytes = 128 << 10,
+                                    .poll_interval = absl::Microseconds(100)},
+                                   *cache, *device, source, *sketch, clock);
+  ASSERT_TRUE(refiller.ok()) << refiller.status();
+  cache->SetBudgetPages(40);  // the EMB side won 36 pages
+  const uint64_t free_slots = cache->FreeSlots(0);
+  ASSERT_GT(free_slots, 9000u);
+  (*refiller)->Kick();
+  const absl::Time end = absl::Now() + absl::Seconds(20);
+  while (!(*refiller)->GetStats().done && absl::Now() < end) absl::SleepFor(absl::Milliseconds(1));
+  const RefillStats stats = (*refiller)->GetStats();
+  ASSERT_TRUE(stats.done) << "refill not done in 20 s: " << stats.rows_refilled << " rows";
+  EXPECT_EQ(stats.rows_refilled, free_slots);
+  EXPECT_EQ(cache->GetStats().pending_entries, 0u);
+  EXPECT_EQ(device->stats().bytes[static_cast<int>(CopyPurpose::kEmbRefill)], stats.bytes_refilled);
+
+  const std::vector<uint64_t> rows = source.fetched();
+  ASSERT_EQ(rows.size(), free_slots);
+  EmbLookupResult hit;
+  ASSERT_TRUE(cache->Lookup(0, rows, &hit).ok());
+  ASSERT_EQ(hit.hits, rows.size());
+  auto gathered = *device->AllocBuffer(rows.size() * kRowBytes);
+  ASSERT_TRUE(device->GatherRows(hit.offsets, kRowBytes, *gathered).ok());
+  ASSERT_TRUE(device->Synchronize().ok());
+  std::vector<std::byte> batch(rows.size() * kRowBytes), one(kRowBytes);
+  ASSERT_TRUE(device->ReadBuffer(*gathered, 0, batch.data(), batch.size()).ok());
+  size_t wrong = 0;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    ASSERT_TRUE(device->ReadPool(hit.offsets[r], one.data(), kRowBytes).ok());
+    for (size_t i = 0; i < kRowBytes; ++i) {
+      const std::byte want = PatternRowSource::Byte(0, rows[r], i);
+      wrong += (one[i] != want) + (batch[r * kRowBytes + i] != want);
+    }
+  }
+  EXPECT_EQ(wrong, 0u) << "bytes differing from their rows' content";
+  EXPECT_TRUE(cache->CheckInvariants().ok()) << cache->CheckInvariants();
 }
 
 }  // namespace

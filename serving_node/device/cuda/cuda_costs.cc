@@ -10,6 +10,8 @@
 //   hlem_cuda_costs [--out DIR] [--quick]
 // Exit 77 without a device (nothing written).
 
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -21,6 +23,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iomanip>
+#include <map>
 #include <mutex>
 #include <random>
 #include <string>
@@ -187,6 +190,118 @@ double GatherRowsPerSecond(CudaPool& pool, uint32_t row_bytes, size_t batch, int
   return Median(per_s);
 }
 
+// The device's copy ceiling: cudaMemcpyAsync between two device buffers of `bytes`, counting bytes
+// read plus bytes written, timed with events, median of `reps` after a warm-up copy.
+double D2DCopyGBps(CudaPool& pool, size_t bytes, int reps, cudaStream_t stream) {
+  std::byte *a = nullptr, *b = nullptr;
+  Check(pool.Alloc(bytes, &a), "alloc");
+  Check(pool.Alloc(bytes, &b), "alloc");
+  Check(cudaMemsetAsync(a, 0x5a, bytes, stream), "memset");
+  cudaEvent_t e0, e1;
+  Check(cudaEventCreate(&e0), "event");
+  Check(cudaEventCreate(&e1), "event");
+  std::vector<double> gbps;
+  for (int r = -1; r < reps; ++r) {
+    Check(cudaEventRecord(e0, stream), "record");
+    Check(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream), "memcpy");
+    Check(cudaEventRecord(e1, stream), "record");
+    Check(cudaEventSynchronize(e1), "sync");
+    float ms = 0;
+    Check(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
+    if (r >= 0) gbps.push_back(2.0 * static_cast<double>(bytes) / (ms / 1e3) / 1e9);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  pool.Free(a);
+  pool.Free(b);
+  return Median(gbps);
+}
+
+// The gather kernel alone, as the hit path of a large batch runs it: `rows` rows of `row_bytes`
+// from random slots, offsets already on the device, `launches` batches back to back between two
+// synchronisations. GB/s of row bytes read plus written (the 8 B offset per row not counted).
+double GatherKernelGBps(CudaPool& pool, uint32_t row_bytes, size_t rows, int launches, int reps) {
+  std::vector<uint64_t> offsets(rows);
+  std::mt19937_64 rng(row_bytes + 7);
+  const uint64_t slots = pool.pool_bytes() / row_bytes;
+  for (auto& o : offsets) o = (rng() % slots) * row_bytes;
+  std::byte *dst = nullptr, *device_offsets = nullptr;
+  Check(pool.Alloc(rows * row_bytes, &dst), "alloc");
+  Check(pool.Alloc(rows * sizeof(uint64_t), &device_offsets), "alloc");
+  Check(pool.Write(device_offsets, reinterpret_cast<const std::byte*>(offsets.data()),
+                   rows * sizeof(uint64_t)),
+        "write offsets");
+  const auto* off = reinterpret_cast<const uint64_t*>(device_offsets);
+  std::vector<double> gbps;
+  for (int r = -1; r < reps; ++r) {
+    Check(pool.Synchronize(), "sync");
+    const auto t0 = Clock::now();
+    for (int l = 0; l < launches; ++l) {
+      Check(pool.GatherRowsDevice(off, rows, row_bytes, dst), "gather");
+    }
+    Check(pool.Synchronize(), "sync");
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (r >= 0) gbps.push_back(2.0 * static_cast<double>(rows * row_bytes) * launches / s / 1e9);
+  }
+  pool.Free(dst);
+  pool.Free(device_offsets);
+  return Median(gbps);
+}
+
+// The device's bf16 matrix ceiling: an n×n×n cuBLAS GEMM, bf16 operands and output, fp32
+// accumulation, on random data (zeros run faster), median of `reps` timed products.
+double GemmBf16Tflops(int n, int reps, cudaStream_t stream) {
+  const size_t elems = static_cast<size_t>(n) * n;
+  std::vector<__nv_bfloat16> host(elems);
+  uint64_t x = 0x9e3779b97f4a7c15ULL;
+  for (auto& h : host) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    h = __float2bfloat16(static_cast<float>(x >> 40) / static_cast<float>(1 << 24) * 2 - 1);
+  }
+  __nv_bfloat16 *a = nullptr, *b = nullptr, *c = nullptr;
+  Check(cudaMalloc(&a, elems * sizeof(__nv_bfloat16)), "gemm alloc");
+  Check(cudaMalloc(&b, elems * sizeof(__nv_bfloat16)), "gemm alloc");
+  Check(cudaMalloc(&c, elems * sizeof(__nv_bfloat16)), "gemm alloc");
+  Check(cudaMemcpy(a, host.data(), elems * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice), "a");
+  Check(cudaMemcpy(b, host.data(), elems * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice), "b");
+  cublasHandle_t handle;
+  auto check_blas = [](cublasStatus_t st, const char* what) {
+    if (st != CUBLAS_STATUS_SUCCESS)
+      Die(std::string(what) + ": cuBLAS status " + std::to_string(st));
+  };
+  check_blas(cublasCreate(&handle), "cublasCreate");
+  check_blas(cublasSetStream(handle, stream), "cublasSetStream");
+  const float one = 1, zero = 0;
+  auto gemm = [&] {
+    check_blas(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a, CUDA_R_16BF, n, b,
+                            CUDA_R_16BF, n, &zero, c, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                            CUBLAS_GEMM_DEFAULT),
+               "cublasGemmEx");
+  };
+  for (int i = 0; i < 3; ++i) gemm();
+  cudaEvent_t e0, e1;
+  Check(cudaEventCreate(&e0), "event");
+  Check(cudaEventCreate(&e1), "event");
+  std::vector<double> tflops;
+  for (int r = 0; r < reps; ++r) {
+    Check(cudaEventRecord(e0, stream), "record");
+    gemm();
+    Check(cudaEventRecord(e1, stream), "record");
+    Check(cudaEventSynchronize(e1), "sync");
+    float ms = 0;
+    Check(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
+    tflops.push_back(2.0 * n * static_cast<double>(n) * n / (ms / 1e3) / 1e12);
+  }
+  Check(cudaGetLastError(), "gemm");
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cublasDestroy(handle);
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(c);
+  return Median(tflops);
+}
+
 enum class Refill { kNone, kUnthrottled, kThrottled };
 
 // Latency (µs) of a request's misses: `rows` critical copies of `row_bytes` (the miss path copies
@@ -328,8 +443,24 @@ int Main(int argc, char** argv) {
     }
   }
 
+  // The device's ceilings (issue 9): what the gather and the model's GEMMs are measured against.
+  const double d2d = D2DCopyGBps(*pool, size_t{1} << 30, reps, stream);
+  add("d2d_copy_gbps", d2d, "GB/s",
+      "cudaMemcpyAsync 1 GiB device to device, read + written, median");
+  for (uint32_t rb : {256u, 2048u}) {
+    const size_t gather_rows = (size_t{1} << 30) / rb;  // 1 GiB of rows a launch
+    const double g = GatherKernelGBps(*pool, rb, gather_rows, 10, reps);
+    add("gather_kernel_gbps_" + std::to_string(rb) + "B", g, "GB/s",
+        "gather kernel alone, 1 GiB of random rows a launch, offsets on the device");
+    add("gather_kernel_fraction_of_d2d_" + std::to_string(rb) + "B", g / d2d, "ratio",
+        "target >= 0.5 (issue 9)");
+  }
+  add("gemm_bf16_tflops", GemmBf16Tflops(8192, quick ? 5 : 20, stream), "TFLOP/s",
+      "cuBLAS 8192^3 bf16 in/out, fp32 accumulate, random data, median");
+
   const int samples = quick ? 200 : 1000;
   const double refill_rate = 0.5 * h2d * 1e9;  // refill gets half the link, as in the local profile
+  std::map<std::string, double> p99;
   for (auto [refill, label] :
        {std::pair{Refill::kNone, "alone"}, std::pair{Refill::kUnthrottled, "refill_unthrottled"},
         std::pair{Refill::kThrottled, "refill_throttled"}}) {
@@ -337,7 +468,13 @@ int Main(int argc, char** argv) {
     add(std::string("miss_copies_64x256B_p50_us_") + label, Percentile(us, 0.5), "us",
         "64 critical copies of 256 B, first submit to last callback; refill in 1 MiB chunks");
     add(std::string("miss_copies_64x256B_p99_us_") + label, Percentile(us, 0.99), "us", "");
+    p99[label] = Percentile(us, 0.99);
   }
+  // Refill may add at most one chunk's transfer time to a critical copy (issues 3 and 9).
+  const double chunk_us = (1 << 20) / (h2d * 1e9) * 1e6;
+  add("refill_chunk_transfer_us", chunk_us, "us", "1 MiB at h2d_pinned_gbps");
+  add("refill_throttled_added_p99_us", p99["refill_throttled"] - p99["alone"], "us",
+      "P99 with throttled refill minus alone; target <= refill_chunk_transfer_us");
 
   const std::string path = out_dir + "/" + Slug(pool->name()) + ".csv";
   std::ofstream f(path);
