@@ -1,6 +1,9 @@
 #include "serving_node/core/device.h"
 
+#include <memory>
+
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 
 namespace hlem::serving {
 
@@ -18,6 +21,72 @@ const char* CopyPurposeName(CopyPurpose purpose) {
   return "?";
 }
 
+namespace {
+
+// Rows of `row_bytes` (> 0) at pool_offsets must lie in the pool; `op` names the call.
+absl::Status CheckRowsInPool(const char* op, uint64_t pool_bytes,
+                             std::span<const uint64_t> pool_offsets, uint32_t row_bytes) {
+  if (row_bytes == 0)
+    return absl::InvalidArgumentError(absl::StrCat(op, ": row_bytes must be positive"));
+  for (size_t i = 0; i < pool_offsets.size(); ++i) {
+    if (pool_offsets[i] > pool_bytes || row_bytes > pool_bytes - pool_offsets[i]) {
+      return absl::InvalidArgumentError(absl::StrCat(op, ": row ", i, " at offset ",
+                                                     pool_offsets[i], " leaves the ", pool_bytes,
+                                                     "-byte pool"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckRows(uint64_t pool_bytes, std::span<const uint64_t> pool_offsets,
+                       uint32_t row_bytes) {
+  return CheckRowsInPool("CopyRowsToPool", pool_bytes, pool_offsets, row_bytes);
+}
+
+void Device::CopyRowsToPool(CopyClass cls, CopyPurpose purpose, const std::byte* src,
+                            std::span<const uint64_t> pool_offsets, uint32_t row_bytes,
+                            size_t max_copy_bytes, std::function<void(absl::Status)> done) {
+  if (absl::Status st = CheckRows(pool_bytes(), pool_offsets, row_bytes); !st.ok()) {
+    done(st);
+    return;
+  }
+  // One done for every run: the first error wins; the last run to finish reports.
+  struct Runs {
+    absl::Mutex mu;
+    size_t left ABSL_GUARDED_BY(mu) = 1;  // a guard until every run is issued
+    absl::Status status ABSL_GUARDED_BY(mu);
+    std::function<void(absl::Status)> done;
+  };
+  auto runs = std::make_shared<Runs>();
+  runs->done = std::move(done);
+  auto finish = [runs](absl::Status st) {
+    bool last;
+    {
+      absl::MutexLock lock(&runs->mu);
+      if (runs->status.ok()) runs->status = st;
+      last = --runs->left == 0;
+    }
+    if (last) runs->done(runs->status);
+  };
+  const size_t n = pool_offsets.size();
+  for (size_t begin = 0, i = 1; i <= n; ++i) {
+    if (i < n && pool_offsets[i] == pool_offsets[i - 1] + row_bytes &&
+        (i - begin) * row_bytes < max_copy_bytes) {
+      continue;
+    }
+    {
+      absl::MutexLock lock(&runs->mu);
+      ++runs->left;
+    }
+    CopyToPool(cls, purpose, src + begin * row_bytes, pool_offsets[begin], (i - begin) * row_bytes,
+               finish);
+    begin = i;
+  }
+  finish(absl::OkStatus());
+}
+
 absl::Status CheckBufferRange(const char* op, const DeviceBuffer& buffer, size_t offset,
                               size_t bytes) {
   if (offset > buffer.size() || bytes > buffer.size() - offset) {
@@ -29,18 +98,14 @@ absl::Status CheckBufferRange(const char* op, const DeviceBuffer& buffer, size_t
 
 absl::Status CheckGather(uint64_t pool_bytes, std::span<const uint64_t> pool_offsets,
                          uint32_t row_bytes, size_t dst_bytes) {
-  if (row_bytes == 0) return absl::InvalidArgumentError("GatherRows: row_bytes must be positive");
+  if (absl::Status st = CheckRowsInPool("GatherRows", pool_bytes, pool_offsets, row_bytes);
+      !st.ok()) {
+    return st;
+  }
   if (pool_offsets.size() > dst_bytes / row_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("GatherRows: ", pool_offsets.size(), " rows of ",
                                                    row_bytes, " bytes do not fit a buffer of ",
                                                    dst_bytes));
-  }
-  for (size_t i = 0; i < pool_offsets.size(); ++i) {
-    if (pool_offsets[i] > pool_bytes || row_bytes > pool_bytes - pool_offsets[i]) {
-      return absl::InvalidArgumentError(absl::StrCat("GatherRows: row ", i, " at offset ",
-                                                     pool_offsets[i], " leaves the ", pool_bytes,
-                                                     "-byte pool"));
-    }
   }
   return absl::OkStatus();
 }

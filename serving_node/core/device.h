@@ -40,6 +40,10 @@ class DeviceBuffer;
 absl::Status CheckBufferRange(const char* op, const DeviceBuffer& buffer, size_t offset,
                               size_t bytes);
 // The checks every device makes before a kernel (shared, so `cpu` and `cuda` reject alike).
+// Device::CopyRowsToPool's arguments: INVALID_ARGUMENT for rows of 0 bytes or a row leaving
+// the pool.
+absl::Status CheckRows(uint64_t pool_bytes, std::span<const uint64_t> pool_offsets,
+                       uint32_t row_bytes);
 absl::Status CheckGather(uint64_t pool_bytes, std::span<const uint64_t> pool_offsets,
                          uint32_t row_bytes, size_t dst_bytes);
 absl::Status CheckScatter(uint64_t pool_bytes, const KvGeometry& geometry,
@@ -79,6 +83,16 @@ class Device {
   virtual void CopyToBuffer(CopyClass cls, CopyPurpose purpose, const std::byte* src,
                             DeviceBuffer& dst, size_t offset, size_t bytes,
                             std::function<void(absl::Status)> done) = 0;
+  // Copies rows of `row_bytes` from host memory (row i at src + i * row_bytes, kept alive by the
+  // caller until `done` runs) to the pool at pool_offsets[i] (read before the call returns; the
+  // slots must not overlap): a request's EMB misses, landing in scattered slots. `done` runs once.
+  // This default issues one CopyToPool per run of consecutive slots of at most max_copy_bytes
+  // (what the emulated link charges per-transfer latency for); the cuda device overrides it with
+  // one staged transfer and a scatter kernel. INVALID_ARGUMENT (via done, nothing copied) when a
+  // row leaves the pool or row_bytes is 0.
+  virtual void CopyRowsToPool(CopyClass cls, CopyPurpose purpose, const std::byte* src,
+                              std::span<const uint64_t> pool_offsets, uint32_t row_bytes,
+                              size_t max_copy_bytes, std::function<void(absl::Status)> done);
   // Reads pool bytes back to host memory synchronously (tests, tools, the CPU model runner).
   virtual absl::Status ReadPool(uint64_t pool_offset, std::byte* dst, size_t bytes) = 0;
 

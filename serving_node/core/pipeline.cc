@@ -171,8 +171,9 @@ void Pipeline::CopyMisses(uint32_t table, std::span<const uint64_t> miss_rows,
   EmbReservation reservation;
   (void)emb_.ReserveBatch(table, miss_rows, &reservation);
   Admitted adm{table, {}};
-  // One copy per run of consecutive slots (a fresh slab hands out consecutive slots), from a
-  // staging buffer in slot order: every copy pays the link's per-transfer latency.
+  // The rows in slot order from one staging buffer, in one CopyRowsToPool: the cpu device issues
+  // one copy per run of consecutive slots (a fresh slab hands out consecutive slots; every copy
+  // pays the link's per-transfer latency), the cuda device one staged copy and a scatter kernel.
   std::vector<uint32_t> order(reservation.reserved_positions.begin(),
                               reservation.reserved_positions.end());
   std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
@@ -185,16 +186,11 @@ void Pipeline::CopyMisses(uint32_t table, std::span<const uint64_t> miss_rows,
     std::memcpy(staging->data() + i * row_bytes_, fetched.data() + miss_at[order[i]] * row_bytes_,
                 row_bytes_);
   }
-  for (size_t begin = 0, i = 1; i <= order.size(); ++i) {
-    if (i < order.size() &&
-        reservation.offsets[order[i]] == reservation.offsets[order[i - 1]] + row_bytes_ &&
-        (i - begin) * row_bytes_ < options_.max_copy_bytes) {
-      continue;
-    }
-    device_.CopyToPool(CopyClass::kCritical, CopyPurpose::kEmbMiss,
-                       staging->data() + begin * row_bytes_, reservation.offsets[order[begin]],
-                       (i - begin) * row_bytes_, copies->Add(staging));
-    begin = i;
+  if (!order.empty()) {
+    std::vector<uint64_t> slots(order.size());
+    for (size_t i = 0; i < order.size(); ++i) slots[i] = reservation.offsets[order[i]];
+    device_.CopyRowsToPool(CopyClass::kCritical, CopyPurpose::kEmbMiss, staging->data(), slots,
+                           row_bytes_, options_.max_copy_bytes, copies->Add(staging));
   }
   if (!adm.rows.empty()) admitted->push_back(std::move(adm));
 }

@@ -47,6 +47,53 @@ TEST(CpuDeviceTest, OutOfPoolCopiesAreRejected) {
   EXPECT_FALSE(CpuDevice::Create({.pool_bytes = 0}, clock).ok());
 }
 
+// A request's misses: one copy per run of consecutive slots (at most max_copy_bytes), one done
+// after the last; a bad row rejects the whole call before anything moves.
+TEST(CpuDeviceTest, RowCopiesGoAsOneCopyPerRunOfConsecutiveSlots) {
+  SimClock clock;
+  auto device = *CpuDevice::Create(
+      {.pool_bytes = 1 << 16, .link = {.bytes_per_second = 1e9, .latency = absl::Microseconds(1)}},
+      clock);
+  constexpr uint32_t kRow = 16;
+  // Runs: {0,16,32} {256} {512,528 | 544,560} (max_copy_bytes 32 cuts the last), {4000}.
+  const std::vector<uint64_t> slots = {0, 16, 32, 256, 512, 528, 544, 560, 4000};
+  std::vector<std::byte> src(slots.size() * kRow);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = std::byte(i * 7 + 1);
+  int calls = 0;
+  absl::Status result = absl::UnknownError("not called");
+  auto done = [&](absl::Status s) {
+    ++calls;
+    result = s;
+  };
+  device->CopyRowsToPool(CopyClass::kCritical, CopyPurpose::kEmbMiss, src.data(), slots, kRow, 48,
+                         done);
+  EXPECT_EQ(calls, 0);
+  clock.AdvanceBy(absl::Microseconds(100));
+  EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(result.ok()) << result;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    std::vector<std::byte> back(kRow);
+    ASSERT_TRUE(device->ReadPool(slots[i], back.data(), kRow).ok());
+    EXPECT_EQ(back, std::vector<std::byte>(src.begin() + i * kRow, src.begin() + (i + 1) * kRow))
+        << "row " << i;
+  }
+  DeviceCopyStats stats = device->stats();
+  EXPECT_EQ(stats.copies[static_cast<int>(CopyPurpose::kEmbMiss)], 5u);
+  EXPECT_EQ(stats.bytes[static_cast<int>(CopyPurpose::kEmbMiss)], src.size());
+
+  const std::vector<uint64_t> bad = {64, (1 << 16) - 8};
+  device->CopyRowsToPool(CopyClass::kCritical, CopyPurpose::kEmbMiss, src.data(), bad, kRow, 48,
+                         done);
+  EXPECT_EQ(calls, 2);
+  EXPECT_EQ(result.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(result.message().find("row 1"), std::string::npos) << result;
+  device->CopyRowsToPool(CopyClass::kCritical, CopyPurpose::kEmbMiss, src.data(), {}, kRow, 48,
+                         done);
+  EXPECT_EQ(calls, 3);  // no rows: done at once
+  EXPECT_TRUE(result.ok());
+  EXPECT_EQ(device->stats().copies[static_cast<int>(CopyPurpose::kEmbMiss)], 5u);
+}
+
 TEST(CpuDeviceTest, BufferCopiesCrossTheLinkToo) {
   SimClock clock;
   auto device = *CpuDevice::Create(

@@ -41,10 +41,11 @@ absl::Status CheckOwn(const char* op, const DeviceBuffer& buffer) {
 
 absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(const CudaDeviceOptions& options) {
   if (options.pool_bytes == 0) return absl::InvalidArgumentError("pool.bytes: must be > 0");
-  if (options.max_piece_bytes == 0 ||
+  if (options.max_piece_bytes == 0 || options.max_piece_bytes % 16 != 0 ||
       options.staging_bytes_per_class < 2 * options.max_piece_bytes) {
     return absl::InvalidArgumentError(
-        "cuda.staging: max_piece_bytes must be > 0 and staging_bytes_per_class at least twice it");
+        "cuda.staging: max_piece_bytes must be a positive multiple of 16 and "
+        "staging_bytes_per_class at least twice it");
   }
   cuda::CudaResult result = cuda::CudaResult::Ok();
   std::unique_ptr<cuda::CudaPool> pool =
@@ -54,7 +55,7 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(const CudaDeviceO
                               .max_piece_bytes = options.max_piece_bytes},
                              &result);
   if (pool == nullptr) return absl::UnavailableError(result.message());
-  return std::unique_ptr<CudaDevice>(new CudaDevice(std::move(pool)));
+  return std::unique_ptr<CudaDevice>(new CudaDevice(std::move(pool), options.max_piece_bytes));
 }
 
 void CudaDevice::CopyToPool(CopyClass cls, CopyPurpose purpose, const std::byte* src,
@@ -75,6 +76,29 @@ void CudaDevice::CopyToPool(CopyClass cls, CopyPurpose purpose, const std::byte*
                                                 : cuda::CudaCopyClass::kBackground,
                     src, pool_offset, bytes,
                     [done = std::move(done)](cuda::CudaResult r) { done(ToStatus(r)); });
+}
+
+void CudaDevice::CopyRowsToPool(CopyClass cls, CopyPurpose purpose, const std::byte* src,
+                                std::span<const uint64_t> pool_offsets, uint32_t row_bytes,
+                                size_t max_copy_bytes, std::function<void(absl::Status)> done) {
+  if (row_bytes + size_t{24} > max_piece_bytes_) {
+    Device::CopyRowsToPool(cls, purpose, src, pool_offsets, row_bytes, max_copy_bytes,
+                           std::move(done));
+    return;
+  }
+  if (absl::Status st = CheckRows(pool_bytes(), pool_offsets, row_bytes); !st.ok()) {
+    done(st);
+    return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    ++stats_.copies[static_cast<int>(purpose)];
+    stats_.bytes[static_cast<int>(purpose)] += pool_offsets.size() * row_bytes;
+  }
+  pool_->CopyRowsToPool(cls == CopyClass::kCritical ? cuda::CudaCopyClass::kCritical
+                                                    : cuda::CudaCopyClass::kBackground,
+                        src, pool_offsets.data(), pool_offsets.size(), row_bytes,
+                        [done = std::move(done)](cuda::CudaResult r) { done(ToStatus(r)); });
 }
 
 void CudaDevice::CopyToBuffer(CopyClass cls, CopyPurpose purpose, const std::byte* src,

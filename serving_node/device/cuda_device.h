@@ -19,7 +19,7 @@ struct CudaDeviceOptions {
   uint64_t pool_bytes = 0;
   int device = 0;                            // CUDA device ordinal
   size_t staging_bytes_per_class = 8 << 20;  // pinned staging ring per copy class
-  size_t max_piece_bytes = 1 << 20;          // larger copies are split
+  size_t max_piece_bytes = 1 << 20;          // larger copies are split; a multiple of 16
 };
 
 class CudaDevice final : public Device {
@@ -34,6 +34,11 @@ class CudaDevice final : public Device {
                   size_t bytes, std::function<void(absl::Status)> done) override;
   void CopyToBuffer(CopyClass cls, CopyPurpose purpose, const std::byte* src, DeviceBuffer& dst,
                     size_t offset, size_t bytes, std::function<void(absl::Status)> done) override;
+  // One staged transfer and a scatter kernel per staging piece (cuda::CudaPool::CopyRowsToPool);
+  // rows larger than a piece go the default way. max_copy_bytes does not apply.
+  void CopyRowsToPool(CopyClass cls, CopyPurpose purpose, const std::byte* src,
+                      std::span<const uint64_t> pool_offsets, uint32_t row_bytes,
+                      size_t max_copy_bytes, std::function<void(absl::Status)> done) override;
   absl::Status ReadPool(uint64_t pool_offset, std::byte* dst, size_t bytes) override;
   absl::StatusOr<std::unique_ptr<DeviceBuffer>> AllocBuffer(size_t bytes) override;
   absl::Status WriteBuffer(DeviceBuffer& dst, size_t offset, const std::byte* src,
@@ -51,9 +56,11 @@ class CudaDevice final : public Device {
   cuda::CudaPool& cuda_pool() { return *pool_; }
 
  private:
-  explicit CudaDevice(std::unique_ptr<cuda::CudaPool> pool) : pool_(std::move(pool)) {}
+  CudaDevice(std::unique_ptr<cuda::CudaPool> pool, size_t max_piece_bytes)
+      : pool_(std::move(pool)), max_piece_bytes_(max_piece_bytes) {}
 
   std::unique_ptr<cuda::CudaPool> pool_;
+  const size_t max_piece_bytes_;
   mutable absl::Mutex mu_;
   DeviceCopyStats stats_ ABSL_GUARDED_BY(mu_);  // copies and bytes by purpose
 };

@@ -102,6 +102,48 @@ TEST_F(CudaDeviceGpuTest, ScatterMatchesTheCpuDevice) {
   EXPECT_EQ(got, want);
 }
 
+TEST_F(CudaDeviceGpuTest, RowCopiesMatchTheCpuDevice) {
+  Rng rng(9);
+  for (uint32_t row_bytes : {7u, 256u, 2048u}) {
+    // Distinct slots, some runs of consecutive ones: every 3rd slot follows the one before.
+    std::vector<uint64_t> slots;
+    const uint64_t count = (64 << 20) / row_bytes;
+    absl::flat_hash_set<uint64_t> used;
+    while (slots.size() < 3000) {
+      uint64_t slot = slots.size() % 3 == 2 ? slots.back() / row_bytes + 1 : rng() % count;
+      if (slot >= count || !used.insert(slot).second) continue;
+      slots.push_back(slot * row_bytes);
+    }
+    std::vector<std::byte> src(slots.size() * row_bytes);
+    for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>(Mix64(i + row_bytes));
+    absl::Notification gpu_done;
+    absl::Status gpu_status, cpu_status;
+    gpu_->CopyRowsToPool(CopyClass::kCritical, CopyPurpose::kEmbMiss, src.data(), slots, row_bytes,
+                         1 << 20, [&](absl::Status s) {
+                           gpu_status = s;
+                           gpu_done.Notify();
+                         });
+    cpu_->CopyRowsToPool(CopyClass::kCritical, CopyPurpose::kEmbMiss, src.data(), slots, row_bytes,
+                         1 << 20, [&](absl::Status s) { cpu_status = s; });
+    clock_.AdvanceBy(absl::Seconds(1));
+    ASSERT_TRUE(gpu_done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+    ASSERT_TRUE(gpu_status.ok()) << gpu_status;
+    ASSERT_TRUE(cpu_status.ok()) << cpu_status;
+  }
+  std::vector<std::byte> got(64 << 20), want(64 << 20);
+  ASSERT_TRUE(gpu_->ReadPool(0, got.data(), got.size()).ok());
+  ASSERT_TRUE(cpu_->ReadPool(0, want.data(), want.size()).ok());
+  EXPECT_TRUE(got == want);
+  // One copy for each call on the GPU, whatever the runs.
+  EXPECT_EQ(gpu_->stats().copies[static_cast<int>(CopyPurpose::kEmbMiss)], 3u);
+  absl::Status bad;
+  const uint64_t leaves[] = {(64 << 20) - 100};
+  std::byte row[256] = {};
+  gpu_->CopyRowsToPool(CopyClass::kCritical, CopyPurpose::kEmbMiss, row, leaves, 256, 1 << 20,
+                       [&](absl::Status s) { bad = s; });
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(CudaDeviceGpuTest, BadArgumentsAreRejectedAsOnTheCpuDevice) {
   auto buf = *gpu_->AllocBuffer(1024);
   const uint64_t out_of_pool[] = {(64 << 20) - 10};

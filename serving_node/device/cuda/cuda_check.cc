@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <numeric>
 #include <random>
 #include <string>
 #include <thread>
@@ -116,6 +117,53 @@ void CheckSmallCopies(CudaPool& pool, std::vector<std::byte>& mirror) {
   std::vector<std::byte> back(data.size());
   CudaResult r = pool.ReadPool(base, back.data(), back.size());
   Report("20 000 critical copies of 256 B", w.errors().empty() && r.ok() && back == data);
+}
+
+// A request's misses in one CopyRowsToPool: rows to scattered, distinct slots, both classes,
+// row sizes that do and do not allow 16-byte vectors, more rows than one staging piece holds.
+void CheckRowCopies(CudaPool& pool, std::vector<std::byte>& mirror, const char* label) {
+  Waiter w;
+  std::mt19937_64 rng(77);
+  std::vector<std::vector<std::byte>> sources;
+  std::vector<std::vector<uint64_t>> offsets;
+  int k = 0;
+  for (uint32_t row_bytes : {7u, 256u, 2048u}) {
+    // Distinct slots: a random start and a stride coprime to the slot count visit each once.
+    const uint64_t slots = pool.pool_bytes() / row_bytes, rows = std::min<uint64_t>(slots, 5000);
+    uint64_t stride = rng() % slots | 1;
+    while (std::gcd(stride, slots) != 1) stride += 2;
+    const uint64_t start = rng() % slots;
+    offsets.emplace_back();
+    for (uint64_t i = 0; i < rows; ++i) {
+      offsets.back().push_back((start + i * stride) % slots * row_bytes);
+    }
+    sources.push_back(Random(rows * row_bytes, 900 + row_bytes));
+    for (uint64_t i = 0; i < rows; ++i) {
+      std::memcpy(mirror.data() + offsets.back()[i], sources.back().data() + i * row_bytes,
+                  row_bytes);
+    }
+    pool.CopyRowsToPool(++k % 2 ? CudaCopyClass::kCritical : CudaCopyClass::kBackground,
+                        sources.back().data(), offsets.back().data(), rows, row_bytes,
+                        w.Callback());
+  }
+  w.Wait(label);
+  std::vector<std::byte> back(pool.pool_bytes());
+  CudaResult r = pool.ReadPool(0, back.data(), back.size());
+  Report(label, w.errors().empty() && r.ok() && back == mirror,
+         r.ok() ? (w.errors().empty() ? "" : w.errors()[0]) : r.message());
+  // A row leaving the pool, and rows of 0 bytes, are errors and copy nothing.
+  std::string leaves, empty;
+  const uint64_t bad[] = {0, pool.pool_bytes() - 8};
+  std::vector<std::byte> src(32, std::byte{1});
+  pool.CopyRowsToPool(CudaCopyClass::kCritical, src.data(), bad, 2, 16,
+                      [&](CudaResult e) { leaves = e.message(); });
+  pool.CopyRowsToPool(CudaCopyClass::kCritical, src.data(), bad, 1, 0,
+                      [&](CudaResult e) { empty = e.message(); });
+  r = pool.ReadPool(0, back.data(), 16);
+  Report("row copies leaving the pool are errors",
+         !leaves.empty() && !empty.empty() && r.ok() &&
+             std::memcmp(back.data(), mirror.data(), 16) == 0,
+         leaves);
 }
 
 void CheckBadRanges(CudaPool& pool) {
@@ -299,6 +347,7 @@ int Main() {
     CheckConcurrentSubmitters(*pool, mirror, 4, 64 << 10);
     CheckGather(*pool, mirror, "gather == host reference (4 .. 2048 B rows)");
     CheckScatter(*pool, mirror, "scatter == host reference (5000 tokens)");
+    CheckRowCopies(*pool, mirror, "row copies to scattered slots == reference");
     CheckCallbackResubmits(*pool, 1, 1 << 20);
   }
   {
@@ -316,6 +365,7 @@ int Main() {
     CheckConcurrentSubmitters(*pool, mirror, 4, 12 << 10);
     CheckGather(*pool, mirror, "gather, small scratch");
     CheckScatter(*pool, mirror, "scatter, small scratch");
+    CheckRowCopies(*pool, mirror, "row copies, small staging pieces");
     CheckCallbackResubmits(*pool, 6, 16 << 10);  // 6 pieces of 16 KiB in flight: a full ring
   }
   std::printf("%s: %d failed\n", failures == 0 ? "ALL PASSED" : "FAILED", failures);

@@ -310,7 +310,7 @@ enum class Refill { kNone, kUnthrottled, kThrottled };
 // issued while a critical copy is pending, a token bucket of `refill_rate` B/s with a burst of two
 // chunks, polled every 200 µs.
 std::vector<double> CriticalLatency(CudaPool& pool, size_t rows, size_t row_bytes, int samples,
-                                    Refill refill, size_t chunk, double refill_rate) {
+                                    Refill refill, size_t chunk, double refill_rate, bool batched) {
   std::atomic<bool> stop{false};
   std::vector<std::byte> refill_src(chunk, std::byte{2});
   std::thread refiller;
@@ -367,15 +367,25 @@ std::vector<double> CriticalLatency(CudaPool& pool, size_t rows, size_t row_byte
     std::mutex mu;
     std::condition_variable cv;
     size_t left = rows;
+    std::vector<uint64_t> offsets(rows);
+    for (auto& o : offsets) o = (rng() % (pool.pool_bytes() / 2 / row_bytes)) * row_bytes;
+    auto landed = [&](size_t n) {
+      return [&, n](CudaResult r) {
+        Check(r, "critical copy");
+        std::lock_guard<std::mutex> lock(mu);
+        left -= n;
+        if (left == 0) cv.notify_all();
+      };
+    };
     const auto t0 = Clock::now();
-    for (size_t k = 0; k < rows; ++k) {
-      pool.CopyToPool(CudaCopyClass::kCritical, src.data() + k * row_bytes,
-                      (rng() % (pool.pool_bytes() / 2 / row_bytes)) * row_bytes, row_bytes,
-                      [&](CudaResult r) {
-                        Check(r, "critical copy");
-                        std::lock_guard<std::mutex> lock(mu);
-                        if (--left == 0) cv.notify_all();
-                      });
+    if (batched) {
+      pool.CopyRowsToPool(CudaCopyClass::kCritical, src.data(), offsets.data(), rows,
+                          static_cast<uint32_t>(row_bytes), landed(rows));
+    } else {
+      for (size_t k = 0; k < rows; ++k) {
+        pool.CopyToPool(CudaCopyClass::kCritical, src.data() + k * row_bytes, offsets[k], row_bytes,
+                        landed(1));
+      }
     }
     {
       std::unique_lock<std::mutex> lock(mu);
@@ -461,20 +471,30 @@ int Main(int argc, char** argv) {
   const int samples = quick ? 200 : 1000;
   const double refill_rate = 0.5 * h2d * 1e9;  // refill gets half the link, as in the local profile
   std::map<std::string, double> p99;
-  for (auto [refill, label] :
-       {std::pair{Refill::kNone, "alone"}, std::pair{Refill::kUnthrottled, "refill_unthrottled"},
-        std::pair{Refill::kThrottled, "refill_throttled"}}) {
-    std::vector<double> us = CriticalLatency(*pool, 64, 256, samples, refill, 1 << 20, refill_rate);
-    add(std::string("miss_copies_64x256B_p50_us_") + label, Percentile(us, 0.5), "us",
-        "64 critical copies of 256 B, first submit to last callback; refill in 1 MiB chunks");
-    add(std::string("miss_copies_64x256B_p99_us_") + label, Percentile(us, 0.99), "us", "");
-    p99[label] = Percentile(us, 0.99);
+  for (bool batched : {false, true}) {
+    const std::string kind = batched ? "miss_rows_64x256B_batched_" : "miss_copies_64x256B_";
+    for (auto [refill, label] :
+         {std::pair{Refill::kNone, "alone"}, std::pair{Refill::kUnthrottled, "refill_unthrottled"},
+          std::pair{Refill::kThrottled, "refill_throttled"}}) {
+      std::vector<double> us =
+          CriticalLatency(*pool, 64, 256, samples, refill, 1 << 20, refill_rate, batched);
+      add(kind + "p50_us_" + label, Percentile(us, 0.5), "us",
+          batched ? "one CopyRowsToPool of 64 rows of 256 B to random slots (one staged copy + "
+                    "scatter kernel), submit to callback; refill in 1 MiB chunks"
+                  : "64 critical CopyToPool of 256 B, first submit to last callback; refill in "
+                    "1 MiB chunks");
+      add(kind + "p99_us_" + label, Percentile(us, 0.99), "us", "");
+      p99[kind + label] = Percentile(us, 0.99);
+    }
   }
   // Refill may add at most one chunk's transfer time to a critical copy (issues 3 and 9).
   const double chunk_us = (1 << 20) / (h2d * 1e9) * 1e6;
   add("refill_chunk_transfer_us", chunk_us, "us", "1 MiB at h2d_pinned_gbps");
-  add("refill_throttled_added_p99_us", p99["refill_throttled"] - p99["alone"], "us",
-      "P99 with throttled refill minus alone; target <= refill_chunk_transfer_us");
+  for (const char* kind : {"miss_copies_64x256B_", "miss_rows_64x256B_batched_"}) {
+    add(std::string(kind) + "refill_throttled_added_p99_us",
+        p99[std::string(kind) + "refill_throttled"] - p99[std::string(kind) + "alone"], "us",
+        "P99 with throttled refill minus alone; target <= refill_chunk_transfer_us");
+  }
 
   const std::string path = out_dir + "/" + Slug(pool->name()) + ".csv";
   std::ofstream f(path);

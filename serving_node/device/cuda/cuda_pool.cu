@@ -49,6 +49,18 @@ __global__ void GatherRowsKernel(const std::byte* __restrict__ pool,
   WarpCopy(pool + offsets[row], dst + row * row_bytes, row_bytes, threadIdx.x % 32);
 }
 
+// One warp per row: pool[offsets[i] ...] = src row i (a batch of EMB misses landing in their
+// slots).
+__global__ void ScatterRowsKernel(std::byte* __restrict__ pool,
+                                  const uint64_t* __restrict__ offsets, uint64_t rows,
+                                  uint32_t row_bytes, const std::byte* __restrict__ src) {
+  const uint64_t row = uint64_t{blockIdx.x} * kWarpsPerBlock + threadIdx.x / 32;
+  if (row >= rows) return;
+  WarpCopy(src + row * row_bytes, pool + offsets[row], row_bytes, threadIdx.x % 32);
+}
+
+constexpr size_t Align16(size_t n) { return (n + 15) / 16 * 16; }
+
 // One warp per (token, layer, K|V) vector.
 __global__ void ScatterKvKernel(serving::KvGeometry g, std::byte* __restrict__ pool,
                                 const uint64_t* __restrict__ page_offsets,
@@ -144,7 +156,11 @@ struct CudaPool::ClassState {
   cudaStream_t stream = nullptr;
   unsigned event_flags = cudaEventDefault;
   // The pinned ring: [tail, head) in use (wrapping), `used` bytes reserved (skips included).
+  // Pieces take multiples of 16 bytes, so every piece starts 16-byte aligned.
   std::byte* ring = nullptr;
+  // Device memory beside the ring, byte for byte: a row batch's piece lands at the same offset
+  // here before its scatter kernel (on the class's stream) puts the rows into their slots.
+  std::byte* landing = nullptr;
   size_t ring_bytes = 0;
   size_t head = 0, tail = 0, used = 0;
   std::vector<cudaEvent_t> events;       // every event made, destroyed with the class
@@ -233,10 +249,11 @@ CudaPool::CudaPool(const CudaPoolOptions& options) : options_(options) {}
 std::unique_ptr<CudaPool> CudaPool::Create(const CudaPoolOptions& options, CudaResult* result) {
   if (options.pool_bytes == 0 || options.max_piece_bytes == 0 ||
       options.staging_bytes_per_class < 2 * options.max_piece_bytes ||
-      options.kernel_scratch_bytes < 64) {
+      options.max_piece_bytes % 16 != 0 || options.kernel_scratch_bytes < 64) {
     *result = CudaResult::Error(
-        "cuda pool: pool_bytes and max_piece_bytes must be positive, staging_bytes_per_class at "
-        "least 2 x max_piece_bytes and kernel_scratch_bytes at least 64");
+        "cuda pool: pool_bytes and max_piece_bytes must be positive, max_piece_bytes a multiple "
+        "of 16, staging_bytes_per_class at least 2 x max_piece_bytes and kernel_scratch_bytes at "
+        "least 64");
     return nullptr;
   }
   int count = 0;
@@ -289,6 +306,7 @@ CudaResult CudaPool::Init() {
     HLEM_CUDA_RETURN(cudaHostAlloc(reinterpret_cast<void**>(&c.ring),
                                    options_.staging_bytes_per_class, cudaHostAllocDefault));
     c.ring_bytes = options_.staging_bytes_per_class;
+    HLEM_CUDA_RETURN(cudaMalloc(reinterpret_cast<void**>(&c.landing), c.ring_bytes));
   }
   for (auto& c : classes_) {
     ClassState* raw = c.get();
@@ -329,6 +347,7 @@ CudaPool::~CudaPool() {
       cudaStreamDestroy(c->stream);
     }
     if (c->ring != nullptr) cudaFreeHost(c->ring);
+    if (c->landing != nullptr) cudaFree(c->landing);
     for (cudaEvent_t e : c->events) cudaEventDestroy(e);
   }
   if (scratch_event_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(scratch_event_));
@@ -364,8 +383,29 @@ void CudaPool::CopyToDevice(CudaCopyClass cls, const std::byte* src, std::byte* 
   Copy(cls, src, device_dst, bytes, std::move(done), "CopyToDevice");
 }
 
+void CudaPool::CopyRowsToPool(CudaCopyClass cls, const std::byte* src, const uint64_t* offsets,
+                              size_t rows, uint32_t row_bytes,
+                              std::function<void(CudaResult)> done) {
+  if (row_bytes == 0 || row_bytes + 8 + 16 > options_.max_piece_bytes) {
+    done(CudaResult::Error("CopyRowsToPool: rows of " + std::to_string(row_bytes) +
+                           " bytes (want 1 .. max_piece_bytes - 24)"));
+    return;
+  }
+  for (size_t i = 0; i < rows; ++i) {
+    if (offsets[i] > pool_bytes_ || row_bytes > pool_bytes_ - offsets[i]) {
+      done(CudaResult::Error("CopyRowsToPool: row " + std::to_string(i) + " at offset " +
+                             std::to_string(offsets[i]) + " leaves the " +
+                             std::to_string(pool_bytes_) + "-byte pool"));
+      return;
+    }
+  }
+  const RowScatter scatter{offsets, rows, row_bytes};
+  Copy(cls, src, nullptr, rows * row_bytes, std::move(done), "CopyRowsToPool", &scatter);
+}
+
 void CudaPool::Copy(CudaCopyClass cls, const std::byte* src, std::byte* device_dst, size_t bytes,
-                    std::function<void(CudaResult)> done, const char* op) {
+                    std::function<void(CudaResult)> done, const char* op,
+                    const RowScatter* scatter) {
   bool closing;
   {
     std::lock_guard<std::mutex> lock(outstanding_mu_);
@@ -381,7 +421,12 @@ void CudaPool::Copy(CudaCopyClass cls, const std::byte* src, std::byte* device_d
   copy->cls = cls;
   copy->done = std::move(done);
   const size_t piece_bytes = options_.max_piece_bytes;
-  const size_t pieces = bytes == 0 ? 0 : (bytes + piece_bytes - 1) / piece_bytes;
+  // A row batch's piece: its rows' offsets (padded to 16 bytes), then the rows.
+  const size_t piece_rows =
+      scatter == nullptr ? 0 : (piece_bytes - 16) / (size_t{scatter->row_bytes} + 8);
+  const size_t pieces = scatter != nullptr ? (scatter->rows + piece_rows - 1) / piece_rows
+                        : bytes == 0       ? 0
+                                           : (bytes + piece_bytes - 1) / piece_bytes;
   copy->left.store(static_cast<int>(pieces) + 1);
   if (cls == CudaCopyClass::kCritical) critical_in_flight_.fetch_add(1);
   {
@@ -391,10 +436,15 @@ void CudaPool::Copy(CudaCopyClass cls, const std::byte* src, std::byte* device_d
   }
   cudaSetDevice(options_.device);
   size_t submitted = 0;
-  for (size_t off = 0; off < bytes; off += piece_bytes) {
-    const size_t n = std::min(piece_bytes, bytes - off);
+  for (size_t off = 0, first_row = 0; submitted < pieces;) {
+    size_t n = std::min(piece_bytes, bytes - off), index_bytes = 0, k = 0;
+    if (scatter != nullptr) {
+      k = std::min(piece_rows, scatter->rows - first_row);
+      index_bytes = Align16(k * sizeof(uint64_t));
+      n = index_bytes + k * scatter->row_bytes;
+    }
     Piece piece;
-    piece.bytes = n;
+    piece.bytes = Align16(n);
     piece.copy = copy;
     const char* failed_call = nullptr;
     cudaError_t e = cudaSuccess;
@@ -402,17 +452,30 @@ void CudaPool::Copy(CudaCopyClass cls, const std::byte* src, std::byte* device_d
       // Reserve, stage, record and enqueue under one hold of the lock: the queue (the order in
       // which the ring is freed) must be the order in which the ring was handed out.
       std::unique_lock<std::mutex> lock(c.mu);
-      c.cv.wait(lock, [&] { return c.Reserve(n, &piece.off, &piece.reserved); });
-      std::memcpy(c.ring + piece.off, src + off, n);
+      c.cv.wait(lock, [&] { return c.Reserve(piece.bytes, &piece.off, &piece.reserved); });
+      if (scatter != nullptr) {
+        std::memcpy(c.ring + piece.off, scatter->offsets + first_row, k * sizeof(uint64_t));
+        std::memcpy(c.ring + piece.off + index_bytes, src + off, n - index_bytes);
+      } else {
+        std::memcpy(c.ring + piece.off, src + off, n);
+      }
       e = c.TakeEvents(&piece.start, &piece.end);
       if (e != cudaSuccess) failed_call = "cudaEventCreate";
       if (e == cudaSuccess && (e = cudaEventRecord(piece.start, c.stream)) != cudaSuccess) {
         failed_call = "cudaEventRecord";
       }
+      std::byte* land = scatter != nullptr ? c.landing + piece.off : device_dst + off;
       if (e == cudaSuccess &&
-          (e = cudaMemcpyAsync(device_dst + off, c.ring + piece.off, n, cudaMemcpyHostToDevice,
-                               c.stream)) != cudaSuccess) {
+          (e = cudaMemcpyAsync(land, c.ring + piece.off, n, cudaMemcpyHostToDevice, c.stream)) !=
+              cudaSuccess) {
         failed_call = "cudaMemcpyAsync";
+      }
+      if (e == cudaSuccess && scatter != nullptr) {
+        (void)cudaGetLastError();  // clear an earlier, unrelated error of this thread
+        ScatterRowsKernel<<<Blocks(k), kThreads, 0, c.stream>>>(
+            pool_, reinterpret_cast<const uint64_t*>(land), k, scatter->row_bytes,
+            land + index_bytes);
+        if ((e = cudaGetLastError()) != cudaSuccess) failed_call = "ScatterRowsKernel";
       }
       if (e == cudaSuccess && (e = cudaEventRecord(piece.end, c.stream)) != cudaSuccess) {
         failed_call = "cudaEventRecord";
@@ -424,6 +487,8 @@ void CudaPool::Copy(CudaCopyClass cls, const std::byte* src, std::byte* device_d
     }
     c.cv.notify_all();
     ++submitted;
+    off += n - index_bytes;
+    first_row += k;
     if (e != cudaSuccess) {
       std::lock_guard<std::mutex> lock(copy->mu);
       if (copy->error.empty()) copy->error = CudaError(failed_call, e);

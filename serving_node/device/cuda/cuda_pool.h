@@ -103,6 +103,15 @@ class CudaPool {
   // The same into a buffer from Alloc (rows a request uses without caching them).
   void CopyToDevice(CudaCopyClass cls, const std::byte* src, std::byte* device_dst, size_t bytes,
                     std::function<void(CudaResult)> done);
+  // Copies `rows` rows of `row_bytes` from host memory (row i at src + i * row_bytes) into the
+  // pool at offsets[i], as one copy: each piece stages its rows' offsets and bytes together, one
+  // cudaMemcpyAsync lands them in device memory and a kernel on the same stream scatters the rows
+  // to their slots. Misses of a request land in scattered slots: this costs one transfer where
+  // CopyToPool per row costs one each. `done` as for CopyToPool (an error inline for a row that
+  // leaves the pool, or rows of 0 or more than max_piece_bytes - 24 bytes); `src` and `offsets`
+  // may be reused as soon as it returns. The rows' slots must not overlap.
+  void CopyRowsToPool(CudaCopyClass cls, const std::byte* src, const uint64_t* offsets, size_t rows,
+                      uint32_t row_bytes, std::function<void(CudaResult)> done);
   // Copies pool bytes to host memory, after every copy submitted before and every kernel.
   CudaResult ReadPool(uint64_t pool_offset, std::byte* dst, size_t bytes);
   // Critical copies submitted and not yet completed.
@@ -128,16 +137,23 @@ class CudaPool {
   CudaPoolStats stats() const;
 
  private:
-  struct Piece;       // one staged cudaMemcpyAsync
-  struct CopyState;   // one CopyToPool, split into pieces
-  struct ClassState;  // a copy class: stream, staging blocks, completion thread
+  struct Piece;        // one staged cudaMemcpyAsync
+  struct CopyState;    // one CopyToPool, split into pieces
+  struct ClassState;   // a copy class: stream, staging blocks, completion thread
+  struct RowScatter {  // CopyRowsToPool's rows
+    const uint64_t* offsets;
+    size_t rows;
+    uint32_t row_bytes;
+  };
 
   explicit CudaPool(const CudaPoolOptions& options);
   CudaResult Init();
   void CompletionLoop(ClassState* c);
-  // Stages and enqueues one copy in pieces (CopyToPool and CopyToDevice); `op` names it in errors.
+  // Stages and enqueues one copy in pieces (CopyToPool and CopyToDevice; CopyRowsToPool with
+  // `scatter`, device_dst unused); `op` names it in errors.
   void Copy(CudaCopyClass cls, const std::byte* src, std::byte* device_dst, size_t bytes,
-            std::function<void(CudaResult)> done, const char* op);
+            std::function<void(CudaResult)> done, const char* op,
+            const RowScatter* scatter = nullptr);
   // Reports a copy's outcome on its class's callback thread and counts it finished.
   void Finish(ClassState& c, const std::shared_ptr<CopyState>& copy);
   // Copies an index array into the kernel scratch (pinned, then device) on the compute stream.
