@@ -110,8 +110,12 @@ TEST_F(CudaDeviceGpuTest, RowCopiesMatchTheCpuDevice) {
     const uint64_t count = (64 << 20) / row_bytes;
     absl::flat_hash_set<uint64_t> used;
     while (slots.size() < 3000) {
-      uint64_t slot = slots.size() % 3 == 2 ? slots.back() / row_bytes + 1 : rng() % count;
-      if (slot >= count || !used.insert(slot).second) continue;
+      uint64_t slot = rng() % count;
+      if (slots.size() % 3 == 2 && slots.back() / row_bytes + 1 < count &&
+          !used.contains(slots.back() / row_bytes + 1)) {
+        slot = slots.back() / row_bytes + 1;
+      }
+      if (!used.insert(slot).second) continue;
       slots.push_back(slot * row_bytes);
     }
     std::vector<std::byte> src(slots.size() * row_bytes);
