@@ -2,7 +2,8 @@
 # GPU checks in one call, for a GPU host (the team's lent H200, or any CUDA machine): builds the
 # CUDA-only part of the `cuda` device on its own (CUDA toolkit, CMake and a C++ compiler; no Debian
 # packages), runs its self-check against the host reference, then measures the device's costs for
-# the simulator into sim/costs/<device>.csv (also copied to $OUT when that is set).
+# the simulator into sim/costs/<device>.csv (also copied to $OUT when that is set), then checks the
+# paged HSTU attention kernel against its host reference and times it (hlem_cuda_attention).
 #
 #   scripts/gpu-check.sh [--quick] [--tests DIR]
 #     --quick      shorter measurements (about 1 minute)
@@ -85,5 +86,8 @@ if [ -n "${OUT:-}" ]; then
   mkdir -p "$OUT"
   cp "$root"/sim/costs/*.csv "$OUT"/ 2>/dev/null || true
 fi
+echo "== paged HSTU attention =="
+"$build/hlem_cuda_attention" "${quick[@]}" || rc=1
+
 echo "gpu-check: $( [ "$rc" -eq 0 ] && echo passed || echo FAILED ) in $(( $(date +%s) - start )) s"
 exit "$rc"
