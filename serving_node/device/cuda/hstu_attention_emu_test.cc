@@ -66,7 +66,11 @@ uint32_t Launch(const HstuAttentionArgs& args, uint32_t sms) {
             if (t == 0) std::fill(smem.begin(), smem.end(), NAN);
             barrier.arrive_and_wait();
             blockIdx = {x, y, z};
-            HstuAttentionKernel(args, scale, inv_norm);
+            if (s.d_v <= 128) {
+              HstuAttentionKernel<AccFor(128)>(args, scale, inv_norm);
+            } else {
+              HstuAttentionKernel<AccFor(kMaxHeadDim)>(args, scale, inv_norm);
+            }
             barrier.arrive_and_wait();
           }
         }
