@@ -26,8 +26,9 @@ namespace {
 // Rows of `row_bytes` (> 0) at pool_offsets must lie in the pool; `op` names the call.
 absl::Status CheckRowsInPool(const char* op, uint64_t pool_bytes,
                              std::span<const uint64_t> pool_offsets, uint32_t row_bytes) {
-  if (row_bytes == 0)
+  if (row_bytes == 0) {
     return absl::InvalidArgumentError(absl::StrCat(op, ": row_bytes must be positive"));
+  }
   for (size_t i = 0; i < pool_offsets.size(); ++i) {
     if (pool_offsets[i] > pool_bytes || row_bytes > pool_bytes - pool_offsets[i]) {
       return absl::InvalidArgumentError(absl::StrCat(op, ": row ", i, " at offset ",

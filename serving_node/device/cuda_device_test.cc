@@ -32,6 +32,9 @@ TEST(CudaDeviceTest, CreateSaysWhyWithoutADevice) {
   EXPECT_NE(device.status().message().find("no CUDA device"), std::string::npos) << device.status();
   EXPECT_EQ(CudaDevice::Create({.pool_bytes = 0}).status().code(),
             absl::StatusCode::kInvalidArgument);
+  // Staging pieces must be 16-byte multiples (row batches align their offsets and rows in them).
+  EXPECT_EQ(CudaDevice::Create({.pool_bytes = 1 << 20, .max_piece_bytes = 1000}).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 class CudaDeviceGpuTest : public ::testing::Test {
