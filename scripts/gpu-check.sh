@@ -3,7 +3,9 @@
 # CUDA-only part of the `cuda` device on its own (CUDA toolkit, CMake and a C++ compiler; no Debian
 # packages), runs its self-check against the host reference, then measures the device's costs for
 # the simulator into sim/costs/<device>.csv (also copied to $OUT when that is set), then checks the
-# paged HSTU attention kernel against its host reference and times it (hlem_cuda_attention).
+# paged HSTU attention kernel against its host reference and times it (hlem_cuda_attention), then
+# checks the CUDA HSTU runner's scores against the libtorch runner's (fixtures in the bundle) and
+# times its layers (hlem_cuda_model).
 #
 #   scripts/gpu-check.sh [--quick] [--tests DIR]
 #     --quick      shorter measurements (about 1 minute)
@@ -12,7 +14,8 @@
 #   scripts/gpu-check.sh --bundle BUILD DIR
 #     on the build machine: builds the GPU tests (cuda_device_test) in BUILD, a configured main
 #     tree, and copies them with every shared library they load except the C library's into DIR
-#     (DIR/bin, DIR/lib), for a GPU host to run with --tests DIR
+#     (DIR/bin, DIR/lib), and writes HSTU fixtures from the libtorch runner (DIR/fixtures), for a
+#     GPU host to run with --tests DIR
 #
 # Env: CUDA_ARCH (default 90: H100/H200; 80 for A100), HLEM_GPU_BUILD (default build-gpu).
 # Exit: 0 all passed, 1 a check failed, 77 no CUDA device visible.
@@ -40,6 +43,15 @@ while [ $# -gt 0 ]; do
         ldd "$binary" | awk '$3 ~ /^\// {print $3}' |
           grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so' |
           while read -r lib; do cp -L "$lib" "$bundle/lib/"; done
+      done
+      # HSTU fixtures from the libtorch runner (fresh seeds each bundle): hlem_cuda_model checks
+      # the CUDA runner's scores against them.
+      cmake --build "$main_build" --target hlem_hstu_fixture
+      fixture_tool=$(find "$main_build" -type f -name hlem_hstu_fixture -perm -u+x | head -1)
+      mkdir -p "$bundle/fixtures"
+      seed=$(( $(date +%s) % 1000000 ))
+      for preset in small paper; do
+        "$fixture_tool" --preset "$preset" --seed "$seed" --out "$bundle/fixtures/$preset.bin"
       done
       echo "gpu-check: bundle in $bundle ($(du -sh "$bundle" | cut -f1)): ${gpu_tests[*]}"
       exit 0 ;;
@@ -88,6 +100,10 @@ if [ -n "${OUT:-}" ]; then
 fi
 echo "== paged HSTU attention =="
 "$build/hlem_cuda_attention" "${quick[@]}" || rc=1
+echo "== HSTU model (CUDA runner) =="
+fixtures=()
+[ -n "$tests" ] && [ -d "$tests/fixtures" ] && fixtures=("$tests"/fixtures/*.bin)
+"$build/hlem_cuda_model" "${quick[@]}" "${fixtures[@]}" || rc=1
 
 echo "gpu-check: $( [ "$rc" -eq 0 ] && echo passed || echo FAILED ) in $(( $(date +%s) - start )) s"
 exit "$rc"

@@ -65,6 +65,39 @@ absl::StatusOr<std::unique_ptr<HstuModel>> HstuModel::CreateRandom(const HstuCon
   return std::unique_ptr<HstuModel>(new HstuModel(c, std::move(w)));
 }
 
+HstuFlatWeights HstuModel::Flatten() const {
+  const HstuConfig& c = config_;
+  HstuFlatWeights f;
+  f.shape = {.layers = c.layers,
+             .dim = c.dim,
+             .heads = c.heads,
+             .d_qk = c.d_qk,
+             .d_v = c.d_v,
+             .head_hidden = c.head_hidden,
+             .targets = c.targets,
+             .max_positions = c.max_positions,
+             .attn_norm = c.attn_norm};
+  auto flat = [](const at::Tensor& t) {
+    at::Tensor d = t.detach().to(at::kFloat).contiguous();
+    return std::vector<float>(d.data_ptr<float>(), d.data_ptr<float>() + d.numel());
+  };
+  f.pos = flat(w_->pos);
+  for (const HstuLayer& L : w_->layers) {
+    f.layers.push_back({.ln1_w = flat(L.ln1_w),
+                        .ln1_b = flat(L.ln1_b),
+                        .w_uvqk = flat(L.w_uvqk),
+                        .b_uvqk = flat(L.b_uvqk),
+                        .ln2_w = flat(L.ln2_w),
+                        .ln2_b = flat(L.ln2_b),
+                        .w_o = flat(L.w_o)});
+  }
+  f.head_w1 = flat(w_->head_w1);
+  f.head_b1 = flat(w_->head_b1);
+  f.head_w2 = flat(w_->head_w2);
+  f.head_b2 = flat(w_->head_b2);
+  return f;
+}
+
 namespace {
 
 // x = √D · e + P[pos] for rows of `emb` at positions [first, first + rows), or all at `first`

@@ -21,6 +21,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "serving_node/core/hstu_flat.h"
 #include "serving_node/core/kv_geometry.h"
 #include "serving_node/core/model_runner.h"
 #include "serving_node/model/hstu_config.h"
@@ -41,6 +42,8 @@ class HstuModel final : public ModelRunner {
                                                          const std::string& path);
   // Writes the weights as a state dict (the format Load and Python's torch.load read).
   absl::Status Save(const std::string& path) const;
+  // The weights as flat fp32 arrays (what the CUDA runner uploads and an HSTU fixture carries).
+  HstuFlatWeights Flatten() const;
   ~HstuModel() override;
   HstuModel(const HstuModel&) = delete;
   HstuModel& operator=(const HstuModel&) = delete;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -334,6 +335,128 @@ TEST(HstuConfigTest, ReferenceForwardFlopsCountsTheDenseProducts) {
   EXPECT_DOUBLE_EQ(ReferenceForwardFlops(c, 3, 1), 2 * layer + 2 * 1 * (4 * 5 + 5 * 1));
   // Attention grows with the square of the tokens.
   EXPECT_GT(ReferenceForwardFlops(c, 1000, 0), 3.9 * ReferenceForwardFlops(c, 500, 0));
+}
+
+// HstuFlatWeights and the HSTU fixture (serving_node/core/hstu_flat.h): the flat weights give
+// the runner's scores through the plain C++ forward (so the layout the CUDA runner uploads is the
+// runner's), a fixture reads back as written, and damaged files are refused with the part named.
+TEST(HstuFlatTest, TheFlatForwardGivesTheTorchRunnersScores) {
+  const HstuConfig c = SmallConfig();
+  auto model = HstuModel::CreateRandom(c, 7);
+  ASSERT_TRUE(model.ok());
+  const HstuFlatWeights w = (*model)->Flatten();
+  ASSERT_EQ(w.Error(), "");
+  EXPECT_EQ(w.shape.kv_dim(), c.kv_dim());
+  EXPECT_EQ(w.shape.uvqk(), c.uvqk_dim());
+  std::mt19937_64 rng(3);
+  for (uint32_t H : {0u, 1u, 9u, 40u}) {
+    for (uint32_t C : {1u, 5u}) {
+      const std::vector<float> hist = RandomRows(rng, H, c.dim), cand = RandomRows(rng, C, c.dim);
+      std::vector<float> want(C * c.targets), got(C * c.targets, -1);
+      ASSERT_TRUE((*model)->ForwardReference(hist, cand, want).ok());
+      HstuForwardHost(w, hist.data(), H, cand.data(), C, got.data());
+      EXPECT_LT(MaxRelDiff(got, want), 1e-4) << "history " << H << ", candidates " << C;
+    }
+  }
+}
+
+TEST(HstuFlatTest, SwappedWeightsChangeTheScores) {
+  // The check above can fail: U and V swapped in the layout (a plausible upload bug) is caught.
+  auto model = HstuModel::CreateRandom(SmallConfig(), 7);
+  ASSERT_TRUE(model.ok());
+  HstuFlatWeights w = (*model)->Flatten();
+  std::mt19937_64 rng(4);
+  const std::vector<float> hist = RandomRows(rng, 10, 32), cand = RandomRows(rng, 3, 32);
+  std::vector<float> want(6), got(6);
+  ASSERT_TRUE((*model)->ForwardReference(hist, cand, want).ok());
+  auto& b = w.layers[0].b_uvqk;
+  std::swap_ranges(b.begin(), b.begin() + 24, b.begin() + 24);  // U and V biases (hv = 24)
+  HstuForwardHost(w, hist.data(), 10, cand.data(), 3, got.data());
+  EXPECT_GT(MaxRelDiff(got, want), 1e-3);
+}
+
+class HstuFixtureFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    path_ = (std::filesystem::path(::testing::TempDir()) /
+             ("hstu_fixture_" + std::to_string(::getpid()) + ".bin"))
+                .string();
+    auto model = HstuModel::CreateRandom(SmallConfig(), 11);
+    ASSERT_TRUE(model.ok());
+    fixture_.weights = (*model)->Flatten();
+    fixture_.seed = 11;
+    std::mt19937_64 rng(5);
+    for (uint32_t H : {0u, 20u}) {
+      HstuFixtureCase c{.history = H, .candidates = 4};
+      c.history_emb = RandomRows(rng, H, 32);
+      c.candidate_emb = RandomRows(rng, 4, 32);
+      c.scores.resize(8);
+      ASSERT_TRUE((*model)->ForwardReference(c.history_emb, c.candidate_emb, c.scores).ok());
+      fixture_.cases.push_back(c);
+    }
+    ASSERT_EQ(WriteHstuFixture(path_, fixture_), "");
+  }
+  void TearDown() override { std::filesystem::remove(path_); }
+
+  std::string Bytes() {
+    std::ifstream in(path_, std::ios::binary);
+    return {std::istreambuf_iterator<char>(in), {}};
+  }
+  void Overwrite(const std::string& bytes) {
+    std::ofstream(path_, std::ios::binary | std::ios::trunc) << bytes;
+  }
+
+  std::string path_;
+  HstuFixture fixture_;
+};
+
+TEST_F(HstuFixtureFileTest, ReadsBackWhatWasWritten) {
+  HstuFixture back;
+  ASSERT_EQ(ReadHstuFixture(path_, &back), "");
+  EXPECT_EQ(back.seed, 11u);
+  EXPECT_EQ(back.weights.shape.attn_norm, 16.0f);
+  EXPECT_EQ(back.weights.pos, fixture_.weights.pos);
+  EXPECT_EQ(back.weights.layers[1].w_o, fixture_.weights.layers[1].w_o);
+  EXPECT_EQ(back.weights.head_b2, fixture_.weights.head_b2);
+  ASSERT_EQ(back.cases.size(), 2u);
+  EXPECT_EQ(back.cases[1].history, 20u);
+  EXPECT_EQ(back.cases[1].history_emb, fixture_.cases[1].history_emb);
+  EXPECT_EQ(back.cases[1].scores, fixture_.cases[1].scores);
+  // And the scores it carries are the flat forward's.
+  std::vector<float> got(8);
+  const HstuFixtureCase& c = back.cases[1];
+  HstuForwardHost(back.weights, c.history_emb.data(), c.history, c.candidate_emb.data(),
+                  c.candidates, got.data());
+  EXPECT_LT(MaxRelDiff(got, c.scores), 1e-4);
+}
+
+TEST_F(HstuFixtureFileTest, DamagedFilesAreRefusedWithThePartNamed) {
+  const std::string good = Bytes();
+  HstuFixture back;
+  Overwrite(good.substr(0, good.size() - 3));
+  EXPECT_NE(ReadHstuFixture(path_, &back).find("truncated"), std::string::npos);
+  Overwrite(good + "x");
+  EXPECT_NE(ReadHstuFixture(path_, &back).find("after the last case"), std::string::npos);
+  std::string bad = good;
+  bad[0] = 'X';
+  Overwrite(bad);
+  EXPECT_NE(ReadHstuFixture(path_, &back).find("magic"), std::string::npos);
+  bad = good;
+  const uint32_t huge_dim = 1u << 30;  // dim is the third u32 after the magic
+  std::memcpy(&bad[8 + 8], &huge_dim, 4);
+  Overwrite(bad);
+  EXPECT_NE(ReadHstuFixture(path_, &back).find("dim must be"), std::string::npos);
+  bad = good;
+  const uint64_t count = 12345;  // the pos array's count, after the 56-byte header
+  std::memcpy(&bad[56], &count, 8);
+  Overwrite(bad);
+  EXPECT_NE(ReadHstuFixture(path_, &back).find("pos: 12345 values"), std::string::npos);
+  bad = good;
+  const float nan = std::nanf("");
+  std::memcpy(&bad[64], &nan, 4);  // the first pos value
+  Overwrite(bad);
+  EXPECT_NE(ReadHstuFixture(path_, &back).find("NaN"), std::string::npos);
+  EXPECT_NE(ReadHstuFixture(path_ + ".missing", &back).find("cannot open"), std::string::npos);
 }
 
 }  // namespace

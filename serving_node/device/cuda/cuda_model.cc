@@ -1,0 +1,384 @@
+// The CUDA HSTU runner on a GPU (issue 9): first its scores against the libtorch runner's, read
+// from HSTU fixtures (hlem_hstu_fixture writes them on the build machine), for every request of
+// a fixture computed in full, over a cached prefix split at several points, from the cache alone,
+// and all requests batched in one call, with the pages poisoned with NaN (a slot read before it
+// was written fails); a bad step must be refused with the pages untouched. Then the time of one
+// HSTU layer at the paper's shape (D = 512, 4 heads of 128, 100 candidates) for histories of 1K,
+// 4K and 15K with 1 %, 10 % and 100 % new tokens, and a batch of 8 requests against 8 calls,
+// against the device's measured fp32 GEMM rate. No test framework (it runs on bare GPU hosts
+// through scripts/gpu-check.sh).
+//
+//   hlem_cuda_model [--quick] [FIXTURE ...]
+// Exits 0 when every check passes, 1 when one fails, 77 without a device.
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "serving_node/core/hstu_flat.h"
+#include "serving_node/device/cuda/hstu_runner.h"
+
+namespace hlem::cuda {
+namespace {
+
+using serving::HstuFixture;
+using serving::HstuFlatShape;
+using serving::HstuFlatWeights;
+using serving::KvGeometry;
+
+constexpr double kTolerance = 1e-3;  // fp32 storage (issue 9)
+int failures = 0;
+
+void Die(const std::string& what) {
+  std::fprintf(stderr, "hlem_cuda_model: %s\n", what.c_str());
+  std::exit(1);
+}
+void Check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) Die(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// max |got − want| / max |want|; infinity when got holds a NaN or an infinity.
+double MaxRelative(const std::vector<float>& got, const std::vector<float>& want) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    diff = std::max(diff, std::abs(double{got[i]} - want[i]));
+    scale = std::max(scale, std::abs(double{want[i]}));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
+// A device KV pool with a page table per request (shuffled over the pool), poisoned with NaN.
+struct Pool {
+  KvGeometry geometry;
+  std::byte* base = nullptr;
+  std::vector<std::vector<uint64_t>> tables;
+
+  Pool(const HstuFlatShape& s, uint32_t page_tokens, const std::vector<uint64_t>& tokens,
+       uint64_t seed) {
+    geometry.layers = s.layers;
+    geometry.kv_dim = s.kv_dim();
+    geometry.dtype_bytes = 4;
+    geometry.page_tokens = page_tokens;
+    geometry.page_bytes = uint64_t{page_tokens} * geometry.token_bytes();
+    uint64_t count = 2;  // two pages no request uses
+    for (uint64_t t : tokens) count += std::max<uint64_t>(1, (t + page_tokens - 1) / page_tokens);
+    std::vector<uint64_t> order(count);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), std::mt19937_64(seed));
+    size_t next = 0;
+    for (uint64_t t : tokens) {
+      tables.emplace_back();
+      for (uint64_t p = 0; p < std::max<uint64_t>(1, (t + page_tokens - 1) / page_tokens); ++p) {
+        tables.back().push_back(order[next++] * geometry.page_bytes);
+      }
+    }
+    Check(cudaMalloc(&base, count * geometry.page_bytes), "cudaMalloc (pool)");
+    Poison();
+  }
+  ~Pool() { cudaFree(base); }
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+  void Poison() {
+    uint64_t bytes = 0;
+    for (const auto& t : tables) bytes += t.size();
+    bytes = (bytes + 2) * geometry.page_bytes;
+    Check(cudaMemset(base, 0xff, bytes), "cudaMemset (poison)");  // all-ones floats are NaN
+  }
+  std::vector<uint8_t> Snapshot() const {
+    uint64_t pages = 2;
+    for (const auto& t : tables) pages += t.size();
+    std::vector<uint8_t> host(pages * geometry.page_bytes);
+    Check(cudaMemcpy(host.data(), base, host.size(), cudaMemcpyDeviceToHost), "snapshot");
+    return host;
+  }
+};
+
+CudaHstuStep Step(const Pool& pool, size_t request, uint32_t cached, uint32_t fresh,
+                  const float* new_history, uint32_t candidates, const float* candidate_emb,
+                  float* scores) {
+  CudaHstuStep st;
+  st.geometry = pool.geometry;
+  st.pool = pool.base;
+  st.page_offsets = pool.tables[request].data();
+  st.pages = pool.tables[request].size();
+  st.cached = cached;
+  st.fresh = fresh;
+  st.candidates = candidates;
+  st.new_history_emb = new_history;
+  st.candidate_emb = candidate_emb;
+  st.scores = scores;
+  return st;
+}
+
+void Report(const char* what, const std::string& fixture, size_t c, const std::string& detail,
+            double err) {
+  const bool ok = err <= kTolerance;
+  if (!ok) ++failures;
+  std::printf("%-4s %-10s %s case %zu %s: max rel err %.2e\n", ok ? "ok" : "FAIL", what,
+              fixture.c_str(), c, detail.c_str(), err);
+}
+
+void CheckRun(CudaHstuRunner& runner, const CudaHstuStep* steps, size_t n, const char* what) {
+  if (std::string e = runner.Run(steps, n); !e.empty()) Die(std::string(what) + ": " + e);
+}
+
+void CheckFixture(const std::string& path) {
+  HstuFixture f;
+  if (std::string e = serving::ReadHstuFixture(path, &f); !e.empty()) Die(path + ": " + e);
+  const std::string name = path.substr(path.find_last_of('/') + 1);
+  std::string error;
+  auto runner = CudaHstuRunner::Create(f.weights, &error);
+  if (!runner) Die(error);
+  const HstuFlatShape& s = f.weights.shape;
+  std::printf("fixture %s: seed %llu, %u layers, D %u, %u heads (d_qk %u, d_v %u), %zu cases\n",
+              name.c_str(), static_cast<unsigned long long>(f.seed), s.layers, s.dim, s.heads,
+              s.d_qk, s.d_v, f.cases.size());
+  std::vector<uint64_t> tokens;
+  for (const auto& c : f.cases) tokens.push_back(c.history);
+  Pool pool(s, 16, tokens, f.seed);
+  for (size_t i = 0; i < f.cases.size(); ++i) {
+    const serving::HstuFixtureCase& c = f.cases[i];
+    std::vector<float> got(c.scores.size());
+    auto step = [&](uint32_t cached, uint32_t fresh, std::vector<float>* out) {
+      return Step(pool, i, cached, fresh, c.history_emb.data() + uint64_t{cached} * s.dim,
+                  c.candidates, c.candidate_emb.data(), out->data());
+    };
+    CudaHstuStep full = step(0, c.history, &got);
+    CheckRun(*runner, &full, 1, "full");
+    Report("full", name, i, "history " + std::to_string(c.history), MaxRelative(got, c.scores));
+    CudaHstuStep cached = step(c.history, 0, &got);  // every token's K/V now in the pages
+    CheckRun(*runner, &cached, 1, "cached");
+    Report("cached", name, i, "all " + std::to_string(c.history) + " tokens cached",
+           MaxRelative(got, c.scores));
+    for (uint32_t split : {1u, c.history / 2, c.history - 1}) {
+      if (c.history < 2 || split == 0 || split >= c.history) continue;
+      pool.Poison();
+      std::vector<float> first(c.scores.size());
+      CudaHstuStep prefix = step(0, split, &first);
+      CheckRun(*runner, &prefix, 1, "prefix");
+      CudaHstuStep rest = step(split, c.history - split, &got);
+      CheckRun(*runner, &rest, 1, "split");
+      Report("split", name, i,
+             std::to_string(split) + " cached + " + std::to_string(c.history - split) + " new",
+             MaxRelative(got, c.scores));
+    }
+  }
+  // Every case in one call: first all new, then all from the cache.
+  for (bool from_cache : {false, true}) {
+    if (!from_cache) pool.Poison();
+    std::vector<std::vector<float>> got;
+    std::vector<CudaHstuStep> steps;
+    for (size_t i = 0; i < f.cases.size(); ++i) {
+      const serving::HstuFixtureCase& c = f.cases[i];
+      got.emplace_back(c.scores.size());
+      steps.push_back(Step(pool, i, from_cache ? c.history : 0, from_cache ? 0 : c.history,
+                           c.history_emb.data(), c.candidates, c.candidate_emb.data(),
+                           got.back().data()));
+    }
+    CheckRun(*runner, steps.data(), steps.size(), "batch");
+    for (size_t i = 0; i < f.cases.size(); ++i) {
+      Report(from_cache ? "batch-kv" : "batch", name, i, "of " + std::to_string(f.cases.size()),
+             MaxRelative(got[i], f.cases[i].scores));
+    }
+  }
+  // A batch whose second step does not fit its pages is refused before anything runs.
+  const auto before = pool.Snapshot();
+  std::vector<float> scratch(f.cases[0].scores.size() * 2);
+  const auto& c0 = f.cases[0];
+  CudaHstuStep bad[2] = {Step(pool, 0, 0, c0.history, c0.history_emb.data(), c0.candidates,
+                              c0.candidate_emb.data(), scratch.data()),
+                         Step(pool, 0, 0, c0.history, c0.history_emb.data(), c0.candidates,
+                              c0.candidate_emb.data(), scratch.data())};
+  bad[1].pages = 0;
+  bad[1].fresh = 16 + 1;
+  const std::string refused = runner->Run(bad, 2);
+  const bool untouched = pool.Snapshot() == before;
+  const bool ok = refused.rfind("step 1: kv pages", 0) == 0 && untouched;
+  if (!ok) ++failures;
+  std::printf("%-4s refuse     %s: \"%s\", pages %s\n", ok ? "ok" : "FAIL", name.c_str(),
+              refused.c_str(), untouched ? "untouched" : "CHANGED");
+}
+
+// Random weights of the paper's layer: matrices with variance 1/fan_in (as CreateRandom).
+HstuFlatWeights PaperWeights(uint32_t layers, uint32_t max_positions) {
+  HstuFlatWeights w;
+  w.shape.layers = layers;
+  w.shape.dim = 512;
+  w.shape.heads = 4;
+  w.shape.d_qk = 128;
+  w.shape.d_v = 128;
+  w.shape.head_hidden = 256;
+  w.shape.targets = 1;
+  w.shape.max_positions = max_positions;
+  w.shape.attn_norm = 1024;
+  std::mt19937_64 rng(42);
+  auto fill = [&](std::vector<float>& v, uint64_t n, double fan_in, double mean) {
+    std::uniform_real_distribution<float> d(-1, 1);
+    const float a = static_cast<float>(std::sqrt(3.0 / fan_in));
+    v.resize(n);
+    for (float& x : v) x = static_cast<float>(mean) + a * d(rng);
+  };
+  w.layers.resize(layers);
+  HstuFlatWeights::ForEachArray(w, [&](const std::string& name, std::vector<float>& a, uint64_t n) {
+    const bool gain = name.find("ln") != std::string::npos && name.back() == 'w';
+    const double fan_in = name.find("w_o") != std::string::npos ? 512 : name == "pos" ? 2500 : 512;
+    fill(a, n, gain ? 1200 : fan_in, gain ? 1 : 0);
+  });
+  return w;
+}
+
+template <typename Fn>
+double MedianMs(int reps, Fn&& fn) {
+  std::vector<double> ms;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    ms.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// cuBLAS SGEMM at 8192³, TFLOP/s: the fp32 rate the runner's projections run at.
+double SgemmTflops() {
+  const int n = 8192;
+  float *a = nullptr, *b = nullptr, *c = nullptr;
+  Check(cudaMalloc(&a, sizeof(float) * n * n), "cudaMalloc");
+  Check(cudaMalloc(&b, sizeof(float) * n * n), "cudaMalloc");
+  Check(cudaMalloc(&c, sizeof(float) * n * n), "cudaMalloc");
+  Check(cudaMemset(a, 0, sizeof(float) * n * n), "cudaMemset");
+  Check(cudaMemset(b, 0, sizeof(float) * n * n), "cudaMemset");
+  cublasHandle_t h;
+  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) Die("cublasCreate");
+  const float one = 1, zero = 0;
+  auto gemm = [&] {
+    cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a, n, b, n, &zero, c, n);
+    Check(cudaDeviceSynchronize(), "sgemm");
+  };
+  gemm();
+  const double ms = MedianMs(5, gemm);
+  cublasDestroy(h);
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(c);
+  return 2.0 * n * n * n / (ms * 1e-3) / 1e12;
+}
+
+// Useful FLOPs of one layer of a step: the projections of its new rows, the attention over the
+// score entries the mask lets through, and the head.
+double LayerFlops(const HstuFlatShape& s, uint64_t cached, uint64_t fresh, uint64_t cands) {
+  const double n = static_cast<double>(fresh + cands), c = static_cast<double>(cached),
+               f = static_cast<double>(fresh);
+  const double pairs = f * c + f * (f + 1) / 2 + static_cast<double>(cands) * (c + f + 1);
+  return 2 * n * s.dim * static_cast<double>(s.uvqk()) +
+         2 * n * static_cast<double>(s.hv()) * s.dim +
+         2 * pairs * s.heads * (static_cast<double>(s.d_qk) + s.d_v) +
+         2.0 * static_cast<double>(cands) * (s.dim * s.head_hidden + s.head_hidden);
+}
+
+void TimeLayers(bool quick) {
+  const int reps = quick ? 5 : 15;
+  const double sgemm = SgemmTflops();
+  std::printf(
+      "\n== HSTU layer on the GPU: D 512, 4 heads x 128, fp32, 100 candidates, median of "
+      "%d ==\ncuBLAS SGEMM 8192^3: %.1f TFLOP/s (the fp32 ceiling used below)\n",
+      reps, sgemm);
+  std::printf("%8s %6s %8s %8s %10s %10s %9s\n", "history", "new", "cached", "fresh", "ms",
+              "TFLOP/s", "of sgemm");
+  std::string error;
+  auto runner = CudaHstuRunner::Create(PaperWeights(1, 16384), &error);
+  if (!runner) Die(error);
+  const HstuFlatShape s = runner->shape();
+  std::mt19937_64 rng(7);
+  std::normal_distribution<float> d(0, 0.3f);
+  auto rows = [&](uint64_t n) {
+    std::vector<float> v(n * s.dim);
+    for (float& x : v) x = d(rng);
+    return v;
+  };
+  const std::vector<float> cand = rows(100);
+  std::vector<float> scores(100);
+  for (uint32_t history : {1024u, 4096u, 15000u}) {
+    Pool pool(s, 16, {history}, history);
+    const std::vector<float> hist = rows(history);
+    for (double share : {1.0, 0.1, 0.01}) {
+      const uint32_t fresh = std::max<uint32_t>(1, static_cast<uint32_t>(history * share + 0.5));
+      const uint32_t cached = history - fresh;
+      CudaHstuStep prefill =
+          Step(pool, 0, 0, history, hist.data(), 100, cand.data(), scores.data());
+      CheckRun(*runner, &prefill, 1, "prefill");  // every token's K/V in the pages
+      CudaHstuStep st = Step(pool, 0, cached, fresh, hist.data() + uint64_t{cached} * s.dim, 100,
+                             cand.data(), scores.data());
+      CheckRun(*runner, &st, 1, "warm-up");
+      const double ms = MedianMs(reps, [&] { CheckRun(*runner, &st, 1, "timed"); });
+      const double tf = LayerFlops(s, cached, fresh, 100) / (ms * 1e-3) / 1e12;
+      std::printf("%8u %5.0f%% %8u %8u %10.3f %10.2f %8.1f%%\n", history, share * 100, cached,
+                  fresh, ms, tf, 100 * tf / sgemm);
+    }
+  }
+  // Batching: 8 returning users (4 096 history, 10 % new) in one call against 8 calls.
+  const uint32_t n = 8, history = 4096, fresh = 410;
+  Pool pool(s, 16, std::vector<uint64_t>(n, history), 99);
+  const std::vector<float> hist = rows(history);
+  std::vector<std::vector<float>> out(n, std::vector<float>(100));
+  std::vector<CudaHstuStep> batch;
+  for (uint32_t i = 0; i < n; ++i) {
+    CudaHstuStep prefill = Step(pool, i, 0, history, hist.data(), 100, cand.data(), out[i].data());
+    CheckRun(*runner, &prefill, 1, "prefill");
+    batch.push_back(Step(pool, i, history - fresh, fresh,
+                         hist.data() + uint64_t{history - fresh} * s.dim, 100, cand.data(),
+                         out[i].data()));
+  }
+  const double one_call = MedianMs(reps, [&] { CheckRun(*runner, batch.data(), n, "batch"); });
+  const double calls = MedianMs(reps, [&] {
+    for (uint32_t i = 0; i < n; ++i) CheckRun(*runner, &batch[i], 1, "calls");
+  });
+  std::printf("batch of %u (history %u, %u new): one call %.3f ms, %u calls %.3f ms (%.2fx)\n", n,
+              history, fresh, one_call, n, calls, calls / one_call);
+}
+
+int Main(int argc, char** argv) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::fprintf(stderr, "hlem_cuda_model: no CUDA device\n");
+    return 77;
+  }
+  bool quick = false;
+  std::vector<std::string> fixtures;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") {
+      quick = true;
+    } else if (a.rfind("--", 0) == 0) {
+      std::fprintf(stderr, "hlem_cuda_model: unknown flag '%s' (known: --quick)\n", a.c_str());
+      return 2;
+    } else {
+      fixtures.push_back(a);
+    }
+  }
+  cudaDeviceProp prop{};
+  Check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  std::printf("hlem_cuda_model on %s\n", prop.name);
+  if (fixtures.empty()) std::printf("no fixtures given: the scores are not checked\n");
+  for (const std::string& f : fixtures) CheckFixture(f);
+  TimeLayers(quick);
+  std::printf("hlem_cuda_model: %s\n",
+              failures == 0 ? "all checks passed" : (std::to_string(failures) + " FAILED").c_str());
+  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace hlem::cuda
+
+int main(int argc, char** argv) { return hlem::cuda::Main(argc, argv); }
