@@ -40,8 +40,9 @@ while [ $# -gt 0 ]; do
         binary=$(find "$main_build" -type f -name "$t" -perm -u+x | head -1)
         [ -n "$binary" ] || { echo "gpu-check: $t not built in $main_build" >&2; exit 1; }
         strip -o "$bundle/bin/$t" "$binary"
+        # The CUDA toolkit's own libraries (cuBLAS is 600 MB) are on the GPU host already.
         ldd "$binary" | awk '$3 ~ /^\// {print $3}' |
-          grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so' |
+          grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so|/usr/local/cuda' |
           while read -r lib; do cp -L "$lib" "$bundle/lib/"; done
       done
       # HSTU fixtures from the libtorch runner (fresh seeds each bundle): hlem_cuda_model checks
@@ -85,9 +86,11 @@ fi
 
 if [ -n "$tests" ]; then
   echo "== main-tree GPU tests ($tests) =="
+  cuda_root=$(cd "$(dirname "$(command -v nvcc)")/.." && pwd)
+  cuda_lib=$cuda_root/lib64:$cuda_root/lib:$cuda_root/targets/x86_64-linux/lib
   for t in "$tests"/bin/*; do
     # A hang must not eat the lease: each test binary gets 3 minutes.
-    LD_LIBRARY_PATH="$tests/lib" timeout 180 "$t" || rc=1
+    LD_LIBRARY_PATH="$tests/lib:$cuda_lib" timeout 180 "$t" || rc=1
   done
 fi
 

@@ -1,6 +1,7 @@
 // serving_node: one serving node (HSTU with exact KV reuse over one paged pool shared by the KV
-// cache and the EMB cache) on the cpu device, reading embedding rows from the shard cluster.
-// Wiring only: flags, config, shard client, node stack, services, metrics, signals.
+// cache and the EMB cache) on the cpu device or a GPU (memory.device: cuda), reading embedding rows
+// from the shard cluster. Wiring only: flags, config, shard client, node stack, services, metrics,
+// signals.
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -148,13 +149,14 @@ int main(int argc, char** argv) {
       [&metrics](const hlem::serving::NodeAnswer& a) { metrics.ObserveAnswer(a); });
   s.Start();
 
-  hlem::serving::NodeDescription description{.device = "cpu",
-                                             .device_name = CpuModel(),
-                                             .model_name = config->model_name,
-                                             .model_layers = config->model.layers,
-                                             .model_dim = config->model.dim,
-                                             .page_tokens = s.kv->page_tokens(),
-                                             .residency_shard_rows = config->residency_shard_rows};
+  hlem::serving::NodeDescription description{
+      .device = config->device,
+      .device_name = config->device == "cpu" ? CpuModel() : s.device->name(),
+      .model_name = config->model_name,
+      .model_layers = config->model.layers,
+      .model_dim = config->model.dim,
+      .page_tokens = s.kv->page_tokens(),
+      .residency_shard_rows = config->residency_shard_rows};
   for (size_t f = 0; f < config->features.size(); ++f) {
     description.tables.push_back({.table_id = s.features[f].table_id,
                                   .name = config->features[f],

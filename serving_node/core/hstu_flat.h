@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -108,6 +109,33 @@ struct HstuFlatWeights {
     return error;
   }
 };
+
+// Random weights of `shape` from `seed` (deterministic, standard library only): matrices uniform
+// with variance 1/fan_in, LayerNorm gains 1 ± 0.05, biases ± 0.05, positions ± 0.035, as
+// HstuModel::CreateRandom draws them (though not the same numbers). For GPU checks and timings.
+inline HstuFlatWeights RandomHstuFlatWeights(const HstuFlatShape& shape, uint64_t seed) {
+  HstuFlatWeights w;
+  w.shape = shape;
+  w.layers.resize(shape.layers);
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> unit(-1, 1);
+  auto fan_in = [&](const std::string& name) -> double {
+    if (name.find("w_o") != std::string::npos) return static_cast<double>(shape.hv());
+    if (name == "head_w2") return shape.head_hidden;
+    return shape.dim;
+  };
+  HstuFlatWeights::ForEachArray(w, [&](const std::string& name, std::vector<float>& a, uint64_t n) {
+    const bool matrix =
+        name.find("w_") != std::string::npos || name.find("_w") != std::string::npos;
+    const bool gain = name.find("ln") != std::string::npos && name.back() == 'w';
+    const float half = name == "pos"     ? 0.035f
+                       : gain || !matrix ? 0.05f
+                                         : static_cast<float>(std::sqrt(3.0 / fan_in(name)));
+    a.resize(n);
+    for (float& x : a) x = (gain ? 1.0f : 0.0f) + half * unit(rng);
+  });
+  return w;
+}
 
 // The libtorch runner's ForwardReference (full recompute, no cache) in double sums: history
 // H × D and candidates C × D (summed feature rows), scores C × T. The fixture's self-check.

@@ -32,8 +32,21 @@ absl::Status LocalNode::Assemble(const LocalNodeOptions& options, RowSource& sou
   const EmbCacheOptions emb_options = EmbCacheOptionsFor(options, runner.dim() * 4);
   ASSIGN_OR_RETURN(
       pool, HbmPool::Create({.pool_bytes = options.pool_bytes, .page_bytes = options.page_bytes}));
-  ASSIGN_OR_RETURN(
-      device, CpuDevice::Create({.pool_bytes = options.pool_bytes, .link = options.link}, clock));
+  std::byte* runner_pool = nullptr;
+  if (options.make_device) {
+    ASSIGN_OR_RETURN(PoolDevice made, options.make_device(options.pool_bytes));
+    if (made.device == nullptr || made.runner_pool == nullptr) {
+      return absl::InternalError("make_device returned no device or no pool address");
+    }
+    device = std::move(made.device);
+    runner_pool = made.runner_pool;
+  } else {
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<CpuDevice> cpu,
+        CpuDevice::Create({.pool_bytes = options.pool_bytes, .link = options.link}, clock));
+    runner_pool = cpu->pool_data();
+    device = std::move(cpu);
+  }
   events = std::make_unique<ResidencyEventLog>(epoch, options.events_retained);
   residency = FollowResidency(*events);
   ASSIGN_OR_RETURN(
@@ -56,9 +69,8 @@ absl::Status LocalNode::Assemble(const LocalNodeOptions& options, RowSource& sou
   pipeline_options.on_lookup = [t](uint32_t table, std::span<const uint64_t> rows) {
     t->Record(table, rows);
   };
-  ASSIGN_OR_RETURN(
-      pipeline, Pipeline::Create(pipeline_options, *kv, *emb, *device, device->pool_data(), source,
-                                 runner, sketch.get(), clock));
+  ASSIGN_OR_RETURN(pipeline, Pipeline::Create(pipeline_options, *kv, *emb, *device, runner_pool,
+                                              source, runner, sketch.get(), clock));
   ASSIGN_OR_RETURN(queue, RequestQueue::Create(options.queue, *pipeline, clock));
   ASSIGN_OR_RETURN(node, Node::Create(options.node,
                                       {.pipeline = pipeline.get(),

@@ -1,13 +1,14 @@
 #pragma once
-// One whole serving node on the cpu device, in this process, around any model runner and row
-// source: pool, device, residency log and state, KV and EMB caches, memory manager, popularity
-// sketch, refiller, residency tracker, pipeline, request queue and Node, built in dependency order
-// and torn down in reverse (the node stops first, then the queue drains, then the background
-// workers stop, and the pool goes last). NodeStack (serving_node/service) builds the HSTU model and
-// the shard client around it; the cross-component tests and the simulator use it directly with a
-// fake or cost-model runner.
+// One whole serving node on the cpu device (or another: LocalNodeOptions::make_device), in this
+// process, around any model runner and row source: pool, device, residency log and state, KV and
+// EMB caches, memory manager, popularity sketch, refiller, residency tracker, pipeline, request
+// queue and Node, built in dependency order and torn down in reverse (the node stops first, then
+// the queue drains, then the background workers stop, and the pool goes last). NodeStack
+// (serving_node/service) builds the HSTU model and the shard client around it; the cross-component
+// tests and the simulator use it directly with a fake or cost-model runner.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -33,11 +34,21 @@
 
 namespace hlem::serving {
 
+// A device holding the pool, and the pool's address as the model runner addresses it (the cpu
+// device's arena; the cuda device's cudaMalloc'd pool).
+struct PoolDevice {
+  std::unique_ptr<Device> device;
+  std::byte* runner_pool = nullptr;
+};
+
 struct LocalNodeOptions {
   NodeOptions node;  // id, SLO, windows, admission, load reports
   uint64_t pool_bytes = 256ull << 20;
   uint64_t page_bytes = 256 << 10;
   LinkOptions link;  // the cpu device's emulated host-to-device link
+  // The device: unset, the cpu device (host arena, the emulated `link`); set, called once with
+  // pool_bytes (NodeStack sets it for `device: cuda`, with the CUDA model runner).
+  std::function<absl::StatusOr<PoolDevice>(uint64_t pool_bytes)> make_device;
   MemoryManagerOptions memory;
   EmbPolicy emb_policy = EmbPolicy::kTinyLfu;
   uint64_t residency_shard_rows = 4096;
@@ -74,7 +85,7 @@ struct LocalNode {
 
   std::unique_ptr<ModelRunner> owned_runner;  // optional
   std::unique_ptr<HbmPool> pool;
-  std::unique_ptr<CpuDevice> device;
+  std::unique_ptr<Device> device;
   std::unique_ptr<ResidencyEventLog> events;
   std::shared_ptr<ResidencyState> residency;
   std::unique_ptr<KvCache> kv;

@@ -42,7 +42,7 @@ absl::StatusOr<NodeConfig> ParseNodeConfig(const YAML::Node& root, const std::st
   });
   reader.Map("memory", [&](ConfigReader& r) {
     std::string policy = c.emb_policy == EmbPolicy::kLru ? "lru" : "tinylfu";
-    r.Enum("device", &c.device, {"cpu"})
+    r.Enum("device", &c.device, {"cpu", "cuda"})
         .Bytes("pool_bytes", &c.pool_bytes, 1 << 12, 1ull << 40)
         .Bytes("page_bytes", &c.page_bytes, 1 << 10, 1ull << 30)
         .Double("initial_alpha", &c.memory.initial_alpha, 0, 1)
@@ -56,6 +56,7 @@ absl::StatusOr<NodeConfig> ParseNodeConfig(const YAML::Node& root, const std::st
               .Duration("latency", &c.link.latency, absl::ZeroDuration(), absl::Seconds(1));
         });
     U32(r, "reclaim_pages_per_step", &c.memory.reclaim_pages_per_step, 1, 1 << 30);
+    U32(r, "cuda_device", &c.cuda_device, 0, 1023);
     c.emb_policy = policy == "lru" ? EmbPolicy::kLru : EmbPolicy::kTinyLfu;
     if (c.page_bytes > c.pool_bytes / 2) {
       r.AddError(

@@ -23,7 +23,8 @@ namespace hlem::serving {
 // the device, the model and the embedding shards. `pipeline` is filled from the model fields by
 // NodeStack::Build.
 struct NodeConfig : LocalNodeOptions {
-  std::string device = "cpu";
+  std::string device = "cpu";    // cpu | cuda (the CUDA model runner and a cudaMalloc'd pool)
+  uint32_t cuda_device = 0;      // CUDA ordinal for device: cuda
   uint32_t compute_threads = 1;  // torch intra-op threads (and OMP_NUM_THREADS)
 
   // Model.

@@ -46,6 +46,17 @@ TEST(NodeConfigTest, DefaultsFillTheRest) {
   EXPECT_LE(c->events_retained * sizeof(ResidencyEvent), uint64_t{8} << 20);
 }
 
+TEST(NodeConfigTest, TheDeviceIsCpuOrCuda) {
+  EXPECT_EQ(Parse(kMinimal)->device, "cpu");
+  auto c = Parse(std::string(kMinimal) + "memory: {device: cuda, cuda_device: 2}\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->device, "cuda");
+  EXPECT_EQ(c->cuda_device, 2u);
+  auto bad = Parse(std::string(kMinimal) + "memory: {device: tpu}\n");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("memory.device"), std::string::npos) << bad.status();
+}
+
 TEST(NodeConfigTest, ErrorsNameTheField) {
   auto expect_error = [](const std::string& yaml, const std::string& field) {
     auto c = Parse(yaml);

@@ -116,6 +116,21 @@ void ExpectScoresNear(const v1::InferResponse& got, const v1::InferResponse& wan
   }
 }
 
+// memory.device: cuda builds the CUDA runner and pool; without a GPU (or without nvcc at build
+// time) the node refuses to start and says why, naming the field. (On a GPU host, the same
+// stack runs in cuda_node_test.)
+TEST(NodeStackTest, TheCudaDeviceWithoutAGpuIsUnavailable) {
+  NodeConfig config = SmallConfig();
+  config.device = "cuda";
+  testing::FakeRowSource source;
+  RealClock clock;
+  auto stack = NodeStack::Build(config, source, 1, clock);
+  if (stack.ok()) GTEST_SKIP() << "a GPU is present: the cuda stack was built";
+  EXPECT_EQ(stack.status().code(), absl::StatusCode::kUnavailable) << stack.status();
+  EXPECT_NE(stack.status().message().find("memory.device: cuda"), std::string::npos)
+      << stack.status();
+}
+
 TEST_F(NodeServiceTest, InferFullAndDeltaModeOverGrpc) {
   Rng rng(1);
   v1::InferRequest req;

@@ -11,6 +11,10 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#ifdef HLEM_HAVE_CUDA
+#include "serving_node/device/cuda_device.h"
+#include "serving_node/device/cuda_model_runner.h"
+#endif
 #include "torch/torch.h"
 
 namespace hlem::serving {
@@ -27,6 +31,34 @@ absl::StatusOr<std::unique_ptr<NodeStack>> NodeStack::Build(const NodeConfig& co
     ASSIGN_OR_RETURN(model, HstuModel::CreateRandom(config.model, config.model_seed));
   } else {
     ASSIGN_OR_RETURN(model, HstuModel::Load(config.model, config.weights));
+  }
+  if (config.device == "cuda") {
+#ifdef HLEM_HAVE_CUDA
+    // The same weights (file or seed) as a cpu node's, uploaded to the GPU; the pool is
+    // cudaMalloc'd on the same device. The torch model is not kept.
+    const int ordinal = static_cast<int>(config.cuda_device);
+    auto runner = CudaModelRunner::Create(model->Flatten(), ordinal);
+    if (!runner.ok()) {
+      return absl::Status(runner.status().code(),
+                          absl::StrCat("memory.device: cuda: ", runner.status().message()));
+    }
+    options.make_device = [ordinal](uint64_t pool_bytes) -> absl::StatusOr<PoolDevice> {
+      auto device = CudaDevice::Create({.pool_bytes = pool_bytes, .device = ordinal});
+      if (!device.ok()) {
+        return absl::Status(device.status().code(),
+                            absl::StrCat("memory.device: cuda: ", device.status().message()));
+      }
+      std::byte* pool = (*device)->cuda_pool().pool();
+      return PoolDevice{.device = std::move(*device), .runner_pool = pool};
+    };
+    s->owned_runner = std::move(*runner);
+    RETURN_IF_ERROR(s->Assemble(options, source, *s->owned_runner, epoch, clock));
+    return s;
+#else
+    return absl::UnavailableError(
+        "memory.device: cuda: this build has no CUDA support (nvcc was not found when it was "
+        "configured; see docs/build.md)");
+#endif
   }
   s->model = model.get();
   s->owned_runner = std::move(model);

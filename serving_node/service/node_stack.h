@@ -28,7 +28,9 @@ struct NodeStack : LocalNode {
 
   NodeConfig config;
   std::vector<FeatureSpec> features;
-  HstuModel* model = nullptr;  // owned as owned_runner
+  // The libtorch model, owned as owned_runner; nullptr on the cuda device (memory.device: cuda),
+  // whose runner (CudaModelRunner, the same weights) is owned_runner.
+  HstuModel* model = nullptr;
 };
 
 // Process settings for the model's CPU compute; call first thing in main(), before any thread

@@ -209,32 +209,19 @@ void CheckFixture(const std::string& path) {
               refused.c_str(), untouched ? "untouched" : "CHANGED");
 }
 
-// Random weights of the paper's layer: matrices with variance 1/fan_in (as CreateRandom).
+// The paper's layer (D = 512, 4 heads of 128) with random weights.
 HstuFlatWeights PaperWeights(uint32_t layers, uint32_t max_positions) {
-  HstuFlatWeights w;
-  w.shape.layers = layers;
-  w.shape.dim = 512;
-  w.shape.heads = 4;
-  w.shape.d_qk = 128;
-  w.shape.d_v = 128;
-  w.shape.head_hidden = 256;
-  w.shape.targets = 1;
-  w.shape.max_positions = max_positions;
-  w.shape.attn_norm = 1024;
-  std::mt19937_64 rng(42);
-  auto fill = [&](std::vector<float>& v, uint64_t n, double fan_in, double mean) {
-    std::uniform_real_distribution<float> d(-1, 1);
-    const float a = static_cast<float>(std::sqrt(3.0 / fan_in));
-    v.resize(n);
-    for (float& x : v) x = static_cast<float>(mean) + a * d(rng);
-  };
-  w.layers.resize(layers);
-  HstuFlatWeights::ForEachArray(w, [&](const std::string& name, std::vector<float>& a, uint64_t n) {
-    const bool gain = name.find("ln") != std::string::npos && name.back() == 'w';
-    const double fan_in = name.find("w_o") != std::string::npos ? 512 : name == "pos" ? 2500 : 512;
-    fill(a, n, gain ? 1200 : fan_in, gain ? 1 : 0);
-  });
-  return w;
+  HstuFlatShape s;
+  s.layers = layers;
+  s.dim = 512;
+  s.heads = 4;
+  s.d_qk = 128;
+  s.d_v = 128;
+  s.head_hidden = 256;
+  s.targets = 1;
+  s.max_positions = max_positions;
+  s.attn_norm = 1024;
+  return serving::RandomHstuFlatWeights(s, 42);
 }
 
 template <typename Fn>
