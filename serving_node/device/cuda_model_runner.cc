@@ -10,7 +10,7 @@
 namespace hlem::serving {
 
 absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
-    const HstuFlatWeights& weights, int device) {
+    const HstuFlatWeights& weights, int device, const cuda::CudaHstuRunnerOptions& options) {
   if (std::string e = weights.Error(); !e.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("cuda model: weights: ", e));
   }
@@ -25,7 +25,8 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
         absl::StrCat("cuda model: cudaSetDevice(", device, "): ", cudaGetErrorString(e)));
   }
   std::string error;
-  std::unique_ptr<cuda::CudaHstuRunner> runner = cuda::CudaHstuRunner::Create(weights, &error);
+  std::unique_ptr<cuda::CudaHstuRunner> runner =
+      cuda::CudaHstuRunner::Create(weights, &error, options);
   if (runner == nullptr) return absl::UnavailableError(absl::StrCat("cuda model: ", error));
   return std::unique_ptr<CudaModelRunner>(new CudaModelRunner(std::move(runner), device));
 }

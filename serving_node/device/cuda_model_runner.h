@@ -22,8 +22,9 @@ class CudaModelRunner final : public ModelRunner {
  public:
   // Uploads the weights to CUDA device `device`. INVALID_ARGUMENT for weights that do not match
   // their shape; UNAVAILABLE without the device or when CUDA fails to set up.
-  static absl::StatusOr<std::unique_ptr<CudaModelRunner>> Create(const HstuFlatWeights& weights,
-                                                                 int device = 0);
+  static absl::StatusOr<std::unique_ptr<CudaModelRunner>> Create(
+      const HstuFlatWeights& weights, int device = 0,
+      const cuda::CudaHstuRunnerOptions& options = {});
 
   uint32_t dim() const override { return shape_.dim; }
   uint32_t targets() const override { return shape_.targets; }

@@ -37,6 +37,9 @@ struct NodeConfig : LocalNodeOptions {
   uint32_t max_candidates = 512;
   uint32_t max_request_events = 1 << 16;  // events in one request; more is INVALID_ARGUMENT
   double trim_fraction = 0.1;
+  // memory.device: cuda: the attention kernel's arithmetic (docs/node.md): bf16 tensor cores
+  // (fp32 accumulation; heads of 64 or 128) or fp32 throughout.
+  std::string cuda_attention = "bf16";
 
   // Embedding shards.
   std::string shards_config;  // path; relative to the node config's directory

@@ -52,6 +52,16 @@ TEST(NodeConfigTest, TheDeviceIsCpuOrCuda) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->device, "cuda");
   EXPECT_EQ(c->cuda_device, 2u);
+  EXPECT_EQ(c->cuda_attention, "bf16");
+  auto fp32 =
+      Parse("model: {features: [item_id], cuda_attention: fp32}\nshards: {config: shards.yaml}\n");
+  ASSERT_TRUE(fp32.ok()) << fp32.status();
+  EXPECT_EQ(fp32->cuda_attention, "fp32");
+  auto half =
+      Parse("model: {features: [item_id], cuda_attention: fp16}\nshards: {config: shards.yaml}\n");
+  ASSERT_FALSE(half.ok());
+  EXPECT_NE(half.status().message().find("model.cuda_attention"), std::string::npos)
+      << half.status();
   auto bad = Parse(std::string(kMinimal) + "memory: {device: tpu}\n");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("memory.device"), std::string::npos) << bad.status();

@@ -37,7 +37,10 @@ absl::StatusOr<std::unique_ptr<NodeStack>> NodeStack::Build(const NodeConfig& co
     // The same weights (file or seed) as a cpu node's, uploaded to the GPU; the pool is
     // cudaMalloc'd on the same device. The torch model is not kept.
     const int ordinal = static_cast<int>(config.cuda_device);
-    auto runner = CudaModelRunner::Create(model->Flatten(), ordinal);
+    const cuda::HstuAttentionMath math = config.cuda_attention == "fp32"
+                                             ? cuda::HstuAttentionMath::kFp32
+                                             : cuda::HstuAttentionMath::kBf16;
+    auto runner = CudaModelRunner::Create(model->Flatten(), ordinal, {.attention = math});
     if (!runner.ok()) {
       return absl::Status(runner.status().code(),
                           absl::StrCat("memory.device: cuda: ", runner.status().message()));

@@ -77,10 +77,13 @@ struct Case {
 int failures = 0;
 
 // The kernel against the host reference on fresh inputs; NaN (an unwritten element) fails.
-void CheckCase(const HstuAttentionShape& shape, uint32_t page_tokens, bool shuffled,
-               uint64_t seed) {
+// fp32: relative error at most 1e-4; bf16 (tensor cores): at most 1e-2.
+void CheckCase(const HstuAttentionShape& shape, uint32_t page_tokens, bool shuffled, uint64_t seed,
+               HstuAttentionMath math = HstuAttentionMath::kFp32) {
   Case c(shape, page_tokens, 3, seed % 3, shuffled, seed);
-  const std::string error = LaunchHstuAttention(c.device, nullptr);
+  const bool bf16 = math == HstuAttentionMath::kBf16;
+  const std::string error =
+      bf16 ? LaunchHstuAttentionBf16(c.device, nullptr) : LaunchHstuAttention(c.device, nullptr);
   if (!error.empty()) Die(error);
   Check(cudaDeviceSynchronize(), "attention kernel");
   std::vector<float> got(c.host.out.size());
@@ -88,11 +91,12 @@ void CheckCase(const HstuAttentionShape& shape, uint32_t page_tokens, bool shuff
         "read out");
   HstuAttentionHost(c.host.args);
   const double rel = RelativeError(got, c.host.out);
-  const bool ok = rel <= 1e-4;
+  const bool ok = rel <= (bf16 ? 1e-2 : 1e-4);
   std::printf(
-      "check heads %u d_qk %3u d_v %3u cached %5u fresh %4u cand %3u page %3u %-8s rel %.2e %s\n",
-      shape.heads, shape.d_qk, shape.d_v, shape.cached, shape.fresh, shape.candidates, page_tokens,
-      shuffled ? "shuffled" : "in order", rel, ok ? "PASS" : "FAIL");
+      "check %s heads %u d_qk %3u d_v %3u cached %5u fresh %4u cand %3u page %3u %-8s rel "
+      "%.2e %s\n",
+      bf16 ? "bf16" : "fp32", shape.heads, shape.d_qk, shape.d_v, shape.cached, shape.fresh,
+      shape.candidates, page_tokens, shuffled ? "shuffled" : "in order", rel, ok ? "PASS" : "FAIL");
   std::fflush(stdout);
   failures += ok ? 0 : 1;
 }
@@ -116,9 +120,43 @@ int Main(int argc, char** argv) {
   // Correctness: the shapes of hstu_attention_testing.h, each with a shuffled page table of 16
   // tokens a page and with pages of 5 tokens in order.
   uint64_t seed = 1;
-  for (const HstuAttentionShape& s : AttentionCheckShapes(quick ? 8 : 24, 2026)) {
+  std::vector<HstuAttentionShape> shapes = AttentionCheckShapes(quick ? 8 : 24, 2026);
+  for (const HstuAttentionShape& s : shapes) {
     CheckCase(s, 16, true, seed++);
     CheckCase(s, 5, false, seed++);
+  }
+  // The bf16 tensor-core kernel: the shapes above it supports, and its own edges (no history, no
+  // candidates, rows not a multiple of its 64-row tile, key splits, one candidate alone).
+  const std::vector<HstuAttentionShape> bf16_edges = {
+      {.heads = 2, .d_qk = 64, .d_v = 64, .attn_norm = 8, .cached = 0, .fresh = 300},
+      {.heads = 1, .d_qk = 128, .d_v = 128, .attn_norm = 64, .cached = 70, .candidates = 1},
+      {.heads = 3,
+       .d_qk = 64,
+       .d_v = 64,
+       .attn_norm = 16,
+       .cached = 33,
+       .fresh = 65,
+       .candidates = 7},
+      {.heads = 4,
+       .d_qk = 128,
+       .d_v = 128,
+       .attn_norm = 64,
+       .cached = 5000,
+       .fresh = 150,
+       .candidates = 100},
+      {.heads = 1, .d_qk = 64, .d_v = 64, .attn_norm = 2, .cached = 0, .fresh = 0, .candidates = 1},
+      {.heads = 2,
+       .d_qk = 128,
+       .d_v = 128,
+       .attn_norm = 32,
+       .cached = 1,
+       .fresh = 130,
+       .candidates = 64}};
+  shapes.insert(shapes.end(), bf16_edges.begin(), bf16_edges.end());
+  for (const HstuAttentionShape& s : shapes) {
+    if (s.d_qk != s.d_v || (s.d_qk != 64 && s.d_qk != 128)) continue;
+    CheckCase(s, 16, true, seed++, HstuAttentionMath::kBf16);
+    CheckCase(s, 5, false, seed++, HstuAttentionMath::kBf16);
   }
   // The argument checks.
   {
@@ -142,8 +180,8 @@ int Main(int argc, char** argv) {
   cudaEvent_t e0, e1;
   Check(cudaEventCreate(&e0), "event");
   Check(cudaEventCreate(&e1), "event");
-  std::printf("\n%-8s %-6s %-10s %10s %10s %10s\n", "history", "new", "pages", "us", "GB/s",
-              "TFLOP/s");
+  std::printf("\n%-8s %-6s %-10s %10s %10s %10s %10s %10s %8s\n", "history", "new", "pages",
+              "fp32 us", "GB/s", "TFLOP/s", "bf16 us", "TFLOP/s", "speedup");
   for (uint32_t history : {1000u, 4000u, 15000u}) {
     for (double share : {0.01, 0.10, 1.0}) {
       for (bool shuffled : {true, false}) {
@@ -157,27 +195,30 @@ int Main(int argc, char** argv) {
                                    .candidates = 100};
         // 2 MiB pages hold 170 tokens of a 3-layer, 512-wide fp32 model.
         Case c(s, 170, 3, 1, shuffled, 99);
-        std::vector<double> us;
-        for (int r = -2; r < (quick ? 5 : 15); ++r) {
-          Check(cudaEventRecord(e0, stream), "record");
-          const std::string error = LaunchHstuAttention(c.device, stream);
-          if (!error.empty()) Die(error);
-          Check(cudaEventRecord(e1, stream), "record");
-          Check(cudaEventSynchronize(e1), "attention kernel");
-          float ms = 0;
-          Check(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
-          if (r >= 0) us.push_back(ms * 1e3);
-        }
-        const double t = Median(us);
+        auto time = [&](HstuAttentionMath math) {
+          std::vector<double> us;
+          for (int r = -2; r < (quick ? 5 : 15); ++r) {
+            Check(cudaEventRecord(e0, stream), "record");
+            const std::string error = LaunchHstuAttention(c.device, stream, math);
+            if (!error.empty()) Die(error);
+            Check(cudaEventRecord(e1, stream), "record");
+            Check(cudaEventSynchronize(e1), "attention kernel");
+            float ms = 0;
+            Check(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
+            if (r >= 0) us.push_back(ms * 1e3);
+          }
+          return Median(us);
+        };
+        const double t = time(HstuAttentionMath::kFp32), t16 = time(HstuAttentionMath::kBf16);
         // The fewest bytes: the history's K and V of every head read once, the queries, the
         // candidates' K/V and the output once. FLOPs: the unmasked score entries' products.
         const double width = s.d_qk + s.d_v;
         const double bytes =
             4.0 * s.heads * width * (static_cast<double>(s.history()) + s.rows() + s.candidates);
         const double flops = s.UnmaskedPairs() * s.heads * 2.0 * width;
-        std::printf("%-8u %-6u %-10s %10.1f %10.1f %10.2f\n", history, fresh,
+        std::printf("%-8u %-6u %-10s %10.1f %10.1f %10.2f %10.1f %10.2f %7.2fx\n", history, fresh,
                     shuffled ? "shuffled" : "in order", t, bytes / (t * 1e-6) / 1e9,
-                    flops / (t * 1e-6) / 1e12);
+                    flops / (t * 1e-6) / 1e12, t16, flops / (t16 * 1e-6) / 1e12, t / t16);
       }
     }
   }

@@ -35,7 +35,10 @@ using serving::HstuFlatShape;
 using serving::HstuFlatWeights;
 using serving::KvGeometry;
 
-constexpr double kTolerance = 1e-3;  // fp32 storage (issue 9)
+// Relative error allowed (issue 9): 1e-3 with fp32 storage and arithmetic; 1e-2 where attention
+// runs on bf16 tensor cores.
+double tolerance = 1e-3;
+const char* math_name = "fp32";
 int failures = 0;
 
 void Die(const std::string& what) {
@@ -122,22 +125,24 @@ CudaHstuStep Step(const Pool& pool, size_t request, uint32_t cached, uint32_t fr
 
 void Report(const char* what, const std::string& fixture, size_t c, const std::string& detail,
             double err) {
-  const bool ok = err <= kTolerance;
+  const bool ok = err <= tolerance;
   if (!ok) ++failures;
-  std::printf("%-4s %-10s %s case %zu %s: max rel err %.2e\n", ok ? "ok" : "FAIL", what,
-              fixture.c_str(), c, detail.c_str(), err);
+  std::printf("%-4s %-4s %-10s %s case %zu %s: max rel err %.2e\n", ok ? "ok" : "FAIL", math_name,
+              what, fixture.c_str(), c, detail.c_str(), err);
 }
 
 void CheckRun(CudaHstuRunner& runner, const CudaHstuStep* steps, size_t n, const char* what) {
   if (std::string e = runner.Run(steps, n); !e.empty()) Die(std::string(what) + ": " + e);
 }
 
-void CheckFixture(const std::string& path) {
+void CheckFixture(const std::string& path, HstuAttentionMath math) {
+  tolerance = math == HstuAttentionMath::kBf16 ? 1e-2 : 1e-3;
+  math_name = math == HstuAttentionMath::kBf16 ? "bf16" : "fp32";
   HstuFixture f;
   if (std::string e = serving::ReadHstuFixture(path, &f); !e.empty()) Die(path + ": " + e);
   const std::string name = path.substr(path.find_last_of('/') + 1);
   std::string error;
-  auto runner = CudaHstuRunner::Create(f.weights, &error);
+  auto runner = CudaHstuRunner::Create(f.weights, &error, {.attention = math});
   if (!runner) Die(error);
   const HstuFlatShape& s = f.weights.shape;
   std::printf("fixture %s: seed %llu, %u layers, D %u, %u heads (d_qk %u, d_v %u), %zu cases\n",
@@ -278,14 +283,18 @@ void TimeLayers(bool quick) {
   const int reps = quick ? 5 : 15;
   const double sgemm = SgemmTflops();
   std::printf(
-      "\n== HSTU layer on the GPU: D 512, 4 heads x 128, fp32, 100 candidates, median of "
+      "\n== HSTU layer on the GPU: D 512, 4 heads x 128, fp32 storage, attention fp32 and bf16, "
+      "100 candidates, median of "
       "%d ==\ncuBLAS SGEMM 8192^3: %.1f TFLOP/s (the fp32 ceiling used below)\n",
       reps, sgemm);
-  std::printf("%8s %6s %8s %8s %10s %10s %9s\n", "history", "new", "cached", "fresh", "ms",
-              "TFLOP/s", "of sgemm");
+  std::printf("%8s %6s %8s %8s %10s %10s %9s %10s %10s %8s\n", "history", "new", "cached", "fresh",
+              "fp32 ms", "TFLOP/s", "of sgemm", "bf16 ms", "TFLOP/s", "speedup");
   std::string error;
   auto runner = CudaHstuRunner::Create(PaperWeights(1, 16384), &error);
   if (!runner) Die(error);
+  auto runner16 = CudaHstuRunner::Create(PaperWeights(1, 16384), &error,
+                                         {.attention = HstuAttentionMath::kBf16});
+  if (!runner16) Die(error);
   const HstuFlatShape s = runner->shape();
   std::mt19937_64 rng(7);
   std::normal_distribution<float> d(0, 0.3f);
@@ -309,9 +318,12 @@ void TimeLayers(bool quick) {
                              cand.data(), scores.data());
       CheckRun(*runner, &st, 1, "warm-up");
       const double ms = MedianMs(reps, [&] { CheckRun(*runner, &st, 1, "timed"); });
-      const double tf = LayerFlops(s, cached, fresh, 100) / (ms * 1e-3) / 1e12;
-      std::printf("%8u %5.0f%% %8u %8u %10.3f %10.2f %8.1f%%\n", history, share * 100, cached,
-                  fresh, ms, tf, 100 * tf / sgemm);
+      CheckRun(*runner16, &st, 1, "warm-up");  // writes the same K/V (fp32 in both)
+      const double ms16 = MedianMs(reps, [&] { CheckRun(*runner16, &st, 1, "timed"); });
+      const double flops = LayerFlops(s, cached, fresh, 100);
+      const double tf = flops / (ms * 1e-3) / 1e12, tf16 = flops / (ms16 * 1e-3) / 1e12;
+      std::printf("%8u %5.0f%% %8u %8u %10.3f %10.2f %8.1f%% %10.3f %10.2f %7.2fx\n", history,
+                  share * 100, cached, fresh, ms, tf, 100 * tf / sgemm, ms16, tf16, ms / ms16);
     }
   }
   // Batching: 8 returning users (4 096 history, 10 % new) in one call against 8 calls.
@@ -327,12 +339,15 @@ void TimeLayers(bool quick) {
                          hist.data() + uint64_t{history - fresh} * s.dim, 100, cand.data(),
                          out[i].data()));
   }
-  const double one_call = MedianMs(reps, [&] { CheckRun(*runner, batch.data(), n, "batch"); });
-  const double calls = MedianMs(reps, [&] {
-    for (uint32_t i = 0; i < n; ++i) CheckRun(*runner, &batch[i], 1, "calls");
-  });
-  std::printf("batch of %u (history %u, %u new): one call %.3f ms, %u calls %.3f ms (%.2fx)\n", n,
-              history, fresh, one_call, n, calls, calls / one_call);
+  for (CudaHstuRunner* r : {runner.get(), runner16.get()}) {
+    const double one_call = MedianMs(reps, [&] { CheckRun(*r, batch.data(), n, "batch"); });
+    const double calls = MedianMs(reps, [&] {
+      for (uint32_t i = 0; i < n; ++i) CheckRun(*r, &batch[i], 1, "calls");
+    });
+    std::printf("%s batch of %u (history %u, %u new): one call %.3f ms, %u calls %.3f ms (%.2fx)\n",
+                r == runner.get() ? "fp32" : "bf16", n, history, fresh, one_call, n, calls,
+                calls / one_call);
+  }
 }
 
 int Main(int argc, char** argv) {
@@ -358,7 +373,9 @@ int Main(int argc, char** argv) {
   Check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
   std::printf("hlem_cuda_model on %s\n", prop.name);
   if (fixtures.empty()) std::printf("no fixtures given: the scores are not checked\n");
-  for (const std::string& f : fixtures) CheckFixture(f);
+  for (HstuAttentionMath math : {HstuAttentionMath::kFp32, HstuAttentionMath::kBf16}) {
+    for (const std::string& f : fixtures) CheckFixture(f, math);
+  }
   TimeLayers(quick);
   std::printf("hlem_cuda_model: %s\n",
               failures == 0 ? "all checks passed" : (std::to_string(failures) + " FAILED").c_str());

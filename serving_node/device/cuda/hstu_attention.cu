@@ -16,9 +16,13 @@ namespace {
 
 }  // namespace
 
-std::string LaunchHstuAttention(const HstuAttentionArgs& args, void* stream) {
+std::string LaunchHstuAttention(const HstuAttentionArgs& args, void* stream,
+                                HstuAttentionMath math) {
   if (const char* why = HstuAttentionArgsError(args); why[0] != '\0') {
     return std::string("HstuAttention: ") + why;
+  }
+  if (math == HstuAttentionMath::kBf16 && HstuAttentionBf16Supports(args)) {
+    return LaunchHstuAttentionBf16(args, stream);
   }
   const HstuAttentionShape& s = args.shape;
   if (s.rows() == 0) return "";

@@ -112,8 +112,25 @@ inline void HstuAttentionHost(const HstuAttentionArgs& a) {
   }
 }
 
+// The arithmetic of a launch. kFp32: CUDA cores, fp32 throughout (hstu_attention_kernel.inc).
+// kBf16: tensor cores (hstu_attention_mma.cu): Q, K, V and the scores rounded to bf16, products
+// accumulated in fp32; for heads of d_qk = d_v = 64 or 128 (else the fp32 kernel runs).
+enum class HstuAttentionMath { kFp32, kBf16 };
+
+// Whether the bf16 kernel runs these arguments: d_qk = d_v of 64 or 128, and K/V vectors at
+// 16-byte boundaries (pages at multiples of 16 bytes of a 16-byte aligned pool; the KV cache's
+// pages are).
+inline bool HstuAttentionBf16Supports(const HstuAttentionArgs& a) {
+  const HstuAttentionShape& s = a.shape;
+  return s.d_qk == s.d_v && (s.d_qk == 64 || s.d_qk == 128) && a.geometry.kv_dim % 4 == 0 &&
+         a.geometry.page_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(a.pool) % 16 == 0;
+}
+
 // Launches the kernel on `stream` (a cudaStream_t). Returns "" or the error (an argument error,
 // or the CUDA call that failed and why). Asynchronous: synchronise the stream before reading out.
-std::string LaunchHstuAttention(const HstuAttentionArgs& args, void* stream);
+std::string LaunchHstuAttention(const HstuAttentionArgs& args, void* stream,
+                                HstuAttentionMath math = HstuAttentionMath::kFp32);
+// The bf16 kernel alone: an error, not the fp32 kernel, when it does not support the arguments.
+std::string LaunchHstuAttentionBf16(const HstuAttentionArgs& args, void* stream);
 
 }  // namespace hlem::cuda

@@ -195,12 +195,14 @@ struct CudaHstuRunner::Impl {
   }
 };
 
-CudaHstuRunner::CudaHstuRunner(const serving::HstuFlatShape& shape, std::unique_ptr<Impl> impl)
-    : shape_(shape), impl_(std::move(impl)) {}
+CudaHstuRunner::CudaHstuRunner(const serving::HstuFlatShape& shape,
+                               const CudaHstuRunnerOptions& options, std::unique_ptr<Impl> impl)
+    : shape_(shape), options_(options), impl_(std::move(impl)) {}
 CudaHstuRunner::~CudaHstuRunner() = default;
 
 std::unique_ptr<CudaHstuRunner> CudaHstuRunner::Create(const serving::HstuFlatWeights& w,
-                                                       std::string* error) {
+                                                       std::string* error,
+                                                       const CudaHstuRunnerOptions& options) {
   if (std::string e = w.Error(); !e.empty()) {
     *error = "CudaHstuRunner: weights: " + e;
     return nullptr;
@@ -237,7 +239,7 @@ std::unique_ptr<CudaHstuRunner> CudaHstuRunner::Create(const serving::HstuFlatWe
     *error = e;
     return nullptr;
   }
-  return std::unique_ptr<CudaHstuRunner>(new CudaHstuRunner(w.shape, std::move(impl)));
+  return std::unique_ptr<CudaHstuRunner>(new CudaHstuRunner(w.shape, options, std::move(impl)));
 }
 
 std::string CudaHstuRunner::Run(const CudaHstuStep* steps, size_t count) {
@@ -368,7 +370,7 @@ std::string CudaHstuRunner::Run(const CudaHstuStep* steps, size_t count) {
       args.cand_k = k + cand_row * hq;
       args.cand_v = v + cand_row * hv;
       args.out = a + p.first_row * hv;
-      if (std::string e = LaunchHstuAttention(args, stream); !e.empty()) {
+      if (std::string e = LaunchHstuAttention(args, stream, options_.attention); !e.empty()) {
         return "step " + std::to_string(i) + ": " + e;
       }
     }

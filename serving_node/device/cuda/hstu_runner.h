@@ -17,6 +17,7 @@
 
 #include "serving_node/core/hstu_flat.h"
 #include "serving_node/core/kv_geometry.h"
+#include "serving_node/device/cuda/hstu_attention.h"
 
 namespace hlem::cuda {
 
@@ -34,12 +35,19 @@ struct CudaHstuStep {
   float* scores = nullptr;                 // candidates × T, written
 };
 
+struct CudaHstuRunnerOptions {
+  // The attention kernel's arithmetic (hstu_attention.h): fp32, or bf16 tensor cores where the
+  // heads allow (d_qk = d_v of 64 or 128; else fp32).
+  HstuAttentionMath attention = HstuAttentionMath::kFp32;
+};
+
 class CudaHstuRunner {
  public:
   // Uploads the weights to the current device. nullptr and *error set for invalid weights or a
   // CUDA / cuBLAS failure.
   static std::unique_ptr<CudaHstuRunner> Create(const serving::HstuFlatWeights& weights,
-                                                std::string* error);
+                                                std::string* error,
+                                                const CudaHstuRunnerOptions& options = {});
   ~CudaHstuRunner();
   CudaHstuRunner(const CudaHstuRunner&) = delete;
   CudaHstuRunner& operator=(const CudaHstuRunner&) = delete;
@@ -52,8 +60,10 @@ class CudaHstuRunner {
 
  private:
   struct Impl;
-  CudaHstuRunner(const serving::HstuFlatShape& shape, std::unique_ptr<Impl> impl);
+  CudaHstuRunner(const serving::HstuFlatShape& shape, const CudaHstuRunnerOptions& options,
+                 std::unique_ptr<Impl> impl);
   const serving::HstuFlatShape shape_;
+  const CudaHstuRunnerOptions options_;
   std::unique_ptr<Impl> impl_;
 };
 
