@@ -4,8 +4,9 @@
 # packages), runs its self-check against the host reference, then measures the device's costs for
 # the simulator into sim/costs/<device>.csv (also copied to $OUT when that is set), then checks the
 # paged HSTU attention kernel against its host reference and times it (hlem_cuda_attention), then
-# checks the CUDA HSTU runner's scores against the libtorch runner's (fixtures in the bundle) and
-# times its layers (hlem_cuda_model).
+# checks the CUDA HSTU runner's scores against the libtorch runner's (fixtures in the bundle),
+# times its layers and fits the twin's model-step cost to them (sim/costs/<device>-model.csv;
+# hlem_cuda_model).
 #
 #   scripts/gpu-check.sh [--quick] [--tests DIR]
 #     --quick      shorter measurements (about 1 minute)
@@ -97,16 +98,16 @@ fi
 echo "== costs =="
 mkdir -p "$root/sim/costs"
 "$build/hlem_cuda_costs" --out "$root/sim/costs" "${quick[@]}" || rc=1
-if [ -n "${OUT:-}" ]; then
-  mkdir -p "$OUT"
-  cp "$root"/sim/costs/*.csv "$OUT"/ 2>/dev/null || true
-fi
 echo "== paged HSTU attention =="
 "$build/hlem_cuda_attention" "${quick[@]}" || rc=1
 echo "== HSTU model (CUDA runner) =="
 fixtures=()
 [ -n "$tests" ] && [ -d "$tests/fixtures" ] && fixtures=("$tests"/fixtures/*.bin)
-"$build/hlem_cuda_model" "${quick[@]}" "${fixtures[@]}" || rc=1
+"$build/hlem_cuda_model" "${quick[@]}" --costs-out "$root/sim/costs" "${fixtures[@]}" || rc=1
+if [ -n "${OUT:-}" ]; then
+  mkdir -p "$OUT"
+  cp "$root"/sim/costs/*.csv "$OUT"/ 2>/dev/null || true
+fi
 
 echo "gpu-check: $( [ "$rc" -eq 0 ] && echo passed || echo FAILED ) in $(( $(date +%s) - start )) s"
 exit "$rc"

@@ -57,21 +57,6 @@ double Percentile(std::vector<double> v, double p) {
   return v.empty() ? 0 : v[static_cast<size_t>((v.size() - 1) * p)];
 }
 
-std::string Slug(const std::string& name) {
-  // "cuda:0 NVIDIA H200" -> "nvidia-h200"
-  std::string s = name.substr(name.find(' ') == std::string::npos ? 0 : name.find(' ') + 1);
-  std::string out;
-  for (char c : s) {
-    if (std::isalnum(static_cast<unsigned char>(c))) {
-      out += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    } else if (!out.empty() && out.back() != '-') {
-      out += '-';
-    }
-  }
-  while (!out.empty() && out.back() == '-') out.pop_back();
-  return out.empty() ? "gpu" : out;
-}
-
 struct Row {
   std::string metric;
   double value;
@@ -496,7 +481,7 @@ int Main(int argc, char** argv) {
         "P99 with throttled refill minus alone; target <= refill_chunk_transfer_us");
   }
 
-  const std::string path = out_dir + "/" + Slug(pool->name()) + ".csv";
+  const std::string path = out_dir + "/" + DeviceSlug(pool->name()) + ".csv";
   std::ofstream f(path);
   if (!f) Die("cannot write " + path);
   f << "# measured by hlem_cuda_costs (scripts/gpu-check.sh) on " << pool->name() << "\n";

@@ -8,7 +8,9 @@
 // against the device's measured fp32 GEMM rate. No test framework (it runs on bare GPU hosts
 // through scripts/gpu-check.sh).
 //
-//   hlem_cuda_model [--quick] [FIXTURE ...]
+//   hlem_cuda_model [--quick] [--costs-out DIR] [FIXTURE ...]
+// --costs-out DIR also writes the twin's step cost fitted for this device (FitTwinCosts) to
+// DIR/<device>-model.csv.
 // Exits 0 when every check passes, 1 when one fails, 77 without a device.
 
 #include <cublas_v2.h>
@@ -25,6 +27,7 @@
 #include <vector>
 
 #include "serving_node/core/hstu_flat.h"
+#include "serving_node/device/cuda/cuda_pool.h"
 #include "serving_node/device/cuda/hstu_runner.h"
 
 namespace hlem::cuda {
@@ -350,6 +353,96 @@ void TimeLayers(bool quick) {
   }
 }
 
+// The digital twin's model-step cost for this device (sim/twin/cost_model.h): step_overhead +
+// CachedForwardFlops ÷ flops_per_second, fitted to the paper's 3-layer model (bf16 attention, as
+// the node runs it) by least squares on relative error over histories of 1K, 4K and 15K with 1 %,
+// 10 % and 100 % new tokens. CachedForwardFlops as serving_node/model/hstu_config.h counts it:
+// every score entry of the n × (cached + n) block, masked ones included. Written to
+// <out_dir>/<device>-model.csv when out_dir is set.
+void FitTwinCosts(bool quick, const std::string& device, const std::string& out_dir) {
+  const int reps = quick ? 5 : 11;
+  std::string error;
+  auto runner = CudaHstuRunner::Create(PaperWeights(3, 16384), &error,
+                                       {.attention = HstuAttentionMath::kBf16});
+  if (!runner) Die(error);
+  const HstuFlatShape s = runner->shape();
+  auto twin_flops = [&](double cached, double fresh, double cands) {
+    const double n = fresh + cands, keys = cached + n;
+    const double per_layer = 2 * n * s.dim * static_cast<double>(s.uvqk()) +
+                             2 * n * static_cast<double>(s.hv()) * s.dim +
+                             2 * n * keys * s.heads * (static_cast<double>(s.d_qk) + s.d_v);
+    return s.layers * per_layer +
+           2 * cands * (static_cast<double>(s.dim) * s.head_hidden + s.head_hidden * s.targets);
+  };
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> d(0, 0.3f);
+  std::vector<float> cand(100 * s.dim), scores(100);
+  for (float& x : cand) x = d(rng);
+  struct Point {
+    uint32_t history, fresh;
+    double flops, seconds;
+  };
+  std::vector<Point> points;
+  for (uint32_t history : {1024u, 4096u, 15000u}) {
+    Pool pool(s, 16, {history}, history + 1);
+    std::vector<float> hist(uint64_t{history} * s.dim);
+    for (float& x : hist) x = d(rng);
+    for (double share : {1.0, 0.1, 0.01}) {
+      const uint32_t fresh = std::max<uint32_t>(1, static_cast<uint32_t>(history * share + 0.5));
+      const uint32_t cached = history - fresh;
+      CudaHstuStep prefill =
+          Step(pool, 0, 0, history, hist.data(), 100, cand.data(), scores.data());
+      CheckRun(*runner, &prefill, 1, "prefill");
+      CudaHstuStep st = Step(pool, 0, cached, fresh, hist.data() + uint64_t{cached} * s.dim, 100,
+                             cand.data(), scores.data());
+      CheckRun(*runner, &st, 1, "warm-up");
+      const double ms = MedianMs(reps, [&] { CheckRun(*runner, &st, 1, "timed"); });
+      points.push_back({history, fresh, twin_flops(cached, fresh, 100), ms * 1e-3});
+    }
+  }
+  // Minimise Σ ((a + b·F − t) / t)²: weights 1/t², normal equations of a line.
+  double sw = 0, swf = 0, swff = 0, swt = 0, swft = 0;
+  for (const Point& p : points) {
+    const double w = 1 / (p.seconds * p.seconds);
+    sw += w, swf += w * p.flops, swff += w * p.flops * p.flops;
+    swt += w * p.seconds, swft += w * p.flops * p.seconds;
+  }
+  const double det = sw * swff - swf * swf;
+  const double a = (swt * swff - swf * swft) / det, b = (sw * swft - swf * swt) / det;
+  std::printf("\n== the twin's step cost, 3-layer paper model, bf16 attention, median of %d ==\n",
+              reps);
+  std::printf("%8s %8s %14s %10s %10s %8s\n", "history", "fresh", "twin FLOPs", "ms", "fit ms",
+              "error");
+  double worst = 0;
+  for (const Point& p : points) {
+    const double fit = a + b * p.flops, err = (fit - p.seconds) / p.seconds;
+    worst = std::max(worst, std::abs(err));
+    std::printf("%8u %8u %14.4g %10.3f %10.3f %7.1f%%\n", p.history, p.fresh, p.flops,
+                p.seconds * 1e3, fit * 1e3, 100 * err);
+  }
+  std::printf("fit: step_overhead %.1f us, flops_per_second %.4g (largest error %.1f %%)\n",
+              a * 1e6, 1 / b, 100 * worst);
+  if (out_dir.empty()) return;
+  const std::string path = out_dir + "/" + DeviceSlug(device) + "-model.csv";
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) Die("cannot write " + path);
+  std::fprintf(f, "# measured by hlem_cuda_model (scripts/gpu-check.sh) on %s\n", device.c_str());
+  std::fprintf(f, "metric,value,unit,note\n");
+  std::fprintf(f, "twin_step_overhead_us,%.6g,us,\"fit: 3-layer D 512 model, bf16 attention\"\n",
+               a * 1e6);
+  std::fprintf(f,
+               "twin_flops_per_second,%.6g,FLOP/s,\"fit: CachedForwardFlops (masked entries "
+               "counted) per second\"\n",
+               1 / b);
+  std::fprintf(f, "twin_fit_largest_error,%.4g,ratio,\"over the points below\"\n", worst);
+  for (const Point& p : points) {
+    std::fprintf(f, "step_ms_history%u_fresh%u,%.6g,ms,\"3 layers, 100 candidates, median\"\n",
+                 p.history, p.fresh, p.seconds * 1e3);
+  }
+  std::fclose(f);
+  std::printf("wrote %s\n", path.c_str());
+}
+
 int Main(int argc, char** argv) {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
@@ -357,13 +450,17 @@ int Main(int argc, char** argv) {
     return 77;
   }
   bool quick = false;
+  std::string costs_out;
   std::vector<std::string> fixtures;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") {
       quick = true;
+    } else if (a == "--costs-out" && i + 1 < argc) {
+      costs_out = argv[++i];
     } else if (a.rfind("--", 0) == 0) {
-      std::fprintf(stderr, "hlem_cuda_model: unknown flag '%s' (known: --quick)\n", a.c_str());
+      std::fprintf(stderr, "hlem_cuda_model: unknown flag '%s' (known: --quick, --costs-out DIR)\n",
+                   a.c_str());
       return 2;
     } else {
       fixtures.push_back(a);
@@ -377,6 +474,7 @@ int Main(int argc, char** argv) {
     for (const std::string& f : fixtures) CheckFixture(f, math);
   }
   TimeLayers(quick);
+  FitTwinCosts(quick, prop.name, costs_out);
   std::printf("hlem_cuda_model: %s\n",
               failures == 0 ? "all checks passed" : (std::to_string(failures) + " FAILED").c_str());
   return failures == 0 ? 0 : 1;

@@ -79,6 +79,27 @@ enum class CudaAvailability { kAvailable, kNoDevice, kError };
 CudaAvailability ProbeCuda(int* count, std::string* detail);
 // Devices usable now (0 for kNoDevice and kError).
 int CudaDeviceCount(std::string* detail = nullptr);
+
+// A device's name as a file name: "cuda:0 NVIDIA H200" or "NVIDIA H200" -> "nvidia-h200" (the
+// GPU tools' sim/costs/<device>*.csv).
+inline std::string DeviceSlug(const std::string& name) {
+  const size_t colon = name.find(':');
+  const size_t space = name.find(' ');
+  const std::string s = colon != std::string::npos && space != std::string::npos && colon < space
+                            ? name.substr(space + 1)
+                            : name;
+  std::string out;
+  for (char c : s) {
+    const bool alnum = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+    if (alnum) {
+      out += (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
+    } else if (!out.empty() && out.back() != '-') {
+      out += '-';
+    }
+  }
+  while (!out.empty() && out.back() == '-') out.pop_back();
+  return out.empty() ? "gpu" : out;
+}
 // For the GPU tools: 0 when a device is usable; otherwise prints "SKIP: why" and returns 77 (no
 // driver or no device), or prints "FAIL: ..." and returns 1 (CUDA installed but unusable).
 int CudaToolExitCode();
