@@ -96,7 +96,8 @@ absl::StatusOr<NodeConfig> ParseNodeConfig(const YAML::Node& root, const std::st
             .Double("attn_norm", &attn_norm, 1e-6, 1e9)
             .StringList("features", &c.features, true)
             .Double("trim_fraction", &c.trim_fraction, 1e-6, 1)
-            .Enum("cuda_attention", &c.cuda_attention, {"bf16", "fp32"});
+            .Enum("cuda_attention", &c.cuda_attention, {"bf16", "fp32"})
+            .Enum("cuda_gemm", &c.cuda_gemm, {"fp32", "tf32"});
         U32(r, "layers", &m.layers, 1, 256);
         U32(r, "dim", &m.dim, 1, 1 << 16);
         U32(r, "heads", &m.heads, 1, 1024);

@@ -40,7 +40,8 @@ absl::StatusOr<std::unique_ptr<NodeStack>> NodeStack::Build(const NodeConfig& co
     const cuda::HstuAttentionMath math = config.cuda_attention == "fp32"
                                              ? cuda::HstuAttentionMath::kFp32
                                              : cuda::HstuAttentionMath::kBf16;
-    auto runner = CudaModelRunner::Create(model->Flatten(), ordinal, {.attention = math});
+    auto runner = CudaModelRunner::Create(
+        model->Flatten(), ordinal, {.attention = math, .tf32_gemm = config.cuda_gemm == "tf32"});
     if (!runner.ok()) {
       return absl::Status(runner.status().code(),
                           absl::StrCat("memory.device: cuda: ", runner.status().message()));

@@ -138,14 +138,26 @@ void CheckRun(CudaHstuRunner& runner, const CudaHstuStep* steps, size_t n, const
   if (std::string e = runner.Run(steps, n); !e.empty()) Die(std::string(what) + ": " + e);
 }
 
-void CheckFixture(const std::string& path, HstuAttentionMath math) {
-  tolerance = math == HstuAttentionMath::kBf16 ? 1e-2 : 1e-3;
-  math_name = math == HstuAttentionMath::kBf16 ? "bf16" : "fp32";
+// The runner's arithmetic: fp32 throughout; bf16 attention; bf16 attention and tf32 GEMMs.
+struct Mode {
+  const char* name;
+  CudaHstuRunnerOptions options;
+};
+const Mode kModes[] = {
+    {"fp32", {.attention = HstuAttentionMath::kFp32, .tf32_gemm = false}},
+    {"bf16", {.attention = HstuAttentionMath::kBf16, .tf32_gemm = false}},
+    {"tf32", {.attention = HstuAttentionMath::kBf16, .tf32_gemm = true}},
+};
+
+void CheckFixture(const std::string& path, const Mode& mode) {
+  tolerance =
+      mode.options.attention == HstuAttentionMath::kFp32 && !mode.options.tf32_gemm ? 1e-3 : 1e-2;
+  math_name = mode.name;
   HstuFixture f;
   if (std::string e = serving::ReadHstuFixture(path, &f); !e.empty()) Die(path + ": " + e);
   const std::string name = path.substr(path.find_last_of('/') + 1);
   std::string error;
-  auto runner = CudaHstuRunner::Create(f.weights, &error, {.attention = math});
+  auto runner = CudaHstuRunner::Create(f.weights, &error, mode.options);
   if (!runner) Die(error);
   const HstuFlatShape& s = f.weights.shape;
   std::printf("fixture %s: seed %llu, %u layers, D %u, %u heads (d_qk %u, d_v %u), %zu cases\n",
@@ -286,19 +298,20 @@ void TimeLayers(bool quick) {
   const int reps = quick ? 5 : 15;
   const double sgemm = SgemmTflops();
   std::printf(
-      "\n== HSTU layer on the GPU: D 512, 4 heads x 128, fp32 storage, attention fp32 and bf16, "
-      "100 candidates, median of "
-      "%d ==\ncuBLAS SGEMM 8192^3: %.1f TFLOP/s (the fp32 ceiling used below)\n",
+      "\n== HSTU layer on the GPU: D 512, 4 heads x 128, fp32 storage, 100 candidates, median of "
+      "%d ==\ncuBLAS SGEMM 8192^3: %.1f TFLOP/s (the fp32 ceiling used below)\n"
+      "modes: fp32 = fp32 throughout; bf16 = bf16 attention; tf32 = bf16 attention + tf32 GEMMs\n",
       reps, sgemm);
-  std::printf("%8s %6s %8s %8s %10s %10s %9s %10s %10s %8s\n", "history", "new", "cached", "fresh",
-              "fp32 ms", "TFLOP/s", "of sgemm", "bf16 ms", "TFLOP/s", "speedup");
+  std::printf("%8s %6s %8s %8s", "history", "new", "cached", "fresh");
+  for (const Mode& m : kModes) std::printf(" %7s ms %8s", m.name, "TFLOP/s");
+  std::printf(" %9s\n", "fp32/fast");
   std::string error;
-  auto runner = CudaHstuRunner::Create(PaperWeights(1, 16384), &error);
-  if (!runner) Die(error);
-  auto runner16 = CudaHstuRunner::Create(PaperWeights(1, 16384), &error,
-                                         {.attention = HstuAttentionMath::kBf16});
-  if (!runner16) Die(error);
-  const HstuFlatShape s = runner->shape();
+  std::vector<std::unique_ptr<CudaHstuRunner>> runners;
+  for (const Mode& m : kModes) {
+    runners.push_back(CudaHstuRunner::Create(PaperWeights(1, 16384), &error, m.options));
+    if (!runners.back()) Die(error);
+  }
+  const HstuFlatShape s = runners[0]->shape();
   std::mt19937_64 rng(7);
   std::normal_distribution<float> d(0, 0.3f);
   auto rows = [&](uint64_t n) {
@@ -314,19 +327,21 @@ void TimeLayers(bool quick) {
     for (double share : {1.0, 0.1, 0.01}) {
       const uint32_t fresh = std::max<uint32_t>(1, static_cast<uint32_t>(history * share + 0.5));
       const uint32_t cached = history - fresh;
-      CudaHstuStep prefill =
-          Step(pool, 0, 0, history, hist.data(), 100, cand.data(), scores.data());
-      CheckRun(*runner, &prefill, 1, "prefill");  // every token's K/V in the pages
-      CudaHstuStep st = Step(pool, 0, cached, fresh, hist.data() + uint64_t{cached} * s.dim, 100,
-                             cand.data(), scores.data());
-      CheckRun(*runner, &st, 1, "warm-up");
-      const double ms = MedianMs(reps, [&] { CheckRun(*runner, &st, 1, "timed"); });
-      CheckRun(*runner16, &st, 1, "warm-up");  // writes the same K/V (fp32 in both)
-      const double ms16 = MedianMs(reps, [&] { CheckRun(*runner16, &st, 1, "timed"); });
+      std::printf("%8u %5.0f%% %8u %8u", history, share * 100, cached, fresh);
       const double flops = LayerFlops(s, cached, fresh, 100);
-      const double tf = flops / (ms * 1e-3) / 1e12, tf16 = flops / (ms16 * 1e-3) / 1e12;
-      std::printf("%8u %5.0f%% %8u %8u %10.3f %10.2f %8.1f%% %10.3f %10.2f %7.2fx\n", history,
-                  share * 100, cached, fresh, ms, tf, 100 * tf / sgemm, ms16, tf16, ms / ms16);
+      std::vector<double> ms;
+      for (auto& r : runners) {
+        // Every mode fills the pages with its own K/V first (the tf32 projections differ).
+        CudaHstuStep prefill =
+            Step(pool, 0, 0, history, hist.data(), 100, cand.data(), scores.data());
+        CheckRun(*r, &prefill, 1, "prefill");
+        CudaHstuStep st = Step(pool, 0, cached, fresh, hist.data() + uint64_t{cached} * s.dim, 100,
+                               cand.data(), scores.data());
+        CheckRun(*r, &st, 1, "warm-up");
+        ms.push_back(MedianMs(reps, [&] { CheckRun(*r, &st, 1, "timed"); }));
+        std::printf(" %10.3f %8.2f", ms.back(), flops / (ms.back() * 1e-3) / 1e12);
+      }
+      std::printf(" %8.2fx\n", ms[0] / *std::min_element(ms.begin() + 1, ms.end()));
     }
   }
   // Batching: 8 returning users (4 096 history, 10 % new) in one call against 8 calls.
@@ -337,33 +352,33 @@ void TimeLayers(bool quick) {
   std::vector<CudaHstuStep> batch;
   for (uint32_t i = 0; i < n; ++i) {
     CudaHstuStep prefill = Step(pool, i, 0, history, hist.data(), 100, cand.data(), out[i].data());
-    CheckRun(*runner, &prefill, 1, "prefill");
+    CheckRun(*runners[0], &prefill, 1, "prefill");
     batch.push_back(Step(pool, i, history - fresh, fresh,
                          hist.data() + uint64_t{history - fresh} * s.dim, 100, cand.data(),
                          out[i].data()));
   }
-  for (CudaHstuRunner* r : {runner.get(), runner16.get()}) {
-    const double one_call = MedianMs(reps, [&] { CheckRun(*r, batch.data(), n, "batch"); });
+  for (size_t m = 0; m < runners.size(); ++m) {
+    CudaHstuRunner& r = *runners[m];
+    const double one_call = MedianMs(reps, [&] { CheckRun(r, batch.data(), n, "batch"); });
     const double calls = MedianMs(reps, [&] {
-      for (uint32_t i = 0; i < n; ++i) CheckRun(*r, &batch[i], 1, "calls");
+      for (uint32_t i = 0; i < n; ++i) CheckRun(r, &batch[i], 1, "calls");
     });
     std::printf("%s batch of %u (history %u, %u new): one call %.3f ms, %u calls %.3f ms (%.2fx)\n",
-                r == runner.get() ? "fp32" : "bf16", n, history, fresh, one_call, n, calls,
-                calls / one_call);
+                kModes[m].name, n, history, fresh, one_call, n, calls, calls / one_call);
   }
 }
 
 // The digital twin's model-step cost for this device (sim/twin/cost_model.h): step_overhead +
-// CachedForwardFlops ÷ flops_per_second, fitted to the paper's 3-layer model (bf16 attention, as
-// the node runs it) by least squares on relative error over histories of 1K, 4K and 15K with 1 %,
+// CachedForwardFlops ÷ flops_per_second, fitted to the paper's 3-layer model in one of the node's
+// modes by least squares on relative error over histories of 1K, 4K and 15K with 1 %,
 // 10 % and 100 % new tokens. CachedForwardFlops as serving_node/model/hstu_config.h counts it:
 // every score entry of the n × (cached + n) block, masked ones included. Written to
 // <out_dir>/<device>-model.csv when out_dir is set.
-void FitTwinCosts(bool quick, const std::string& device, const std::string& out_dir) {
+void FitTwinCosts(bool quick, const Mode& mode, const std::string& device,
+                  const std::string& out_dir) {
   const int reps = quick ? 5 : 11;
   std::string error;
-  auto runner = CudaHstuRunner::Create(PaperWeights(3, 16384), &error,
-                                       {.attention = HstuAttentionMath::kBf16});
+  auto runner = CudaHstuRunner::Create(PaperWeights(3, 16384), &error, mode.options);
   if (!runner) Die(error);
   const HstuFlatShape s = runner->shape();
   auto twin_flops = [&](double cached, double fresh, double cands) {
@@ -409,8 +424,8 @@ void FitTwinCosts(bool quick, const std::string& device, const std::string& out_
   }
   const double det = sw * swff - swf * swf;
   const double a = (swt * swff - swf * swft) / det, b = (sw * swft - swf * swt) / det;
-  std::printf("\n== the twin's step cost, 3-layer paper model, bf16 attention, median of %d ==\n",
-              reps);
+  std::printf("\n== the twin's step cost, 3-layer paper model, mode %s, median of %d ==\n",
+              mode.name, reps);
   std::printf("%8s %8s %14s %10s %10s %8s\n", "history", "fresh", "twin FLOPs", "ms", "fit ms",
               "error");
   double worst = 0;
@@ -423,21 +438,26 @@ void FitTwinCosts(bool quick, const std::string& device, const std::string& out_
   std::printf("fit: step_overhead %.1f us, flops_per_second %.4g (largest error %.1f %%)\n",
               a * 1e6, 1 / b, 100 * worst);
   if (out_dir.empty()) return;
+  // One file, the modes' rows one after the other (the first mode truncates it).
   const std::string path = out_dir + "/" + DeviceSlug(device) + "-model.csv";
-  std::FILE* f = std::fopen(path.c_str(), "w");
+  const bool first = &mode == &kModes[1];
+  std::FILE* f = std::fopen(path.c_str(), first ? "w" : "a");
   if (f == nullptr) Die("cannot write " + path);
-  std::fprintf(f, "# measured by hlem_cuda_model (scripts/gpu-check.sh) on %s\n", device.c_str());
-  std::fprintf(f, "metric,value,unit,note\n");
-  std::fprintf(f, "twin_step_overhead_us,%.6g,us,\"fit: 3-layer D 512 model, bf16 attention\"\n",
-               a * 1e6);
+  if (first) {
+    std::fprintf(f, "# measured by hlem_cuda_model (scripts/gpu-check.sh) on %s\n", device.c_str());
+    std::fprintf(f, "metric,value,unit,note\n");
+  }
+  const char* m = mode.name;
+  std::fprintf(f, "%s_twin_step_overhead_us,%.6g,us,\"fit: 3-layer D 512 model, mode %s\"\n", m,
+               a * 1e6, m);
   std::fprintf(f,
-               "twin_flops_per_second,%.6g,FLOP/s,\"fit: CachedForwardFlops (masked entries "
+               "%s_twin_flops_per_second,%.6g,FLOP/s,\"fit: CachedForwardFlops (masked entries "
                "counted) per second\"\n",
-               1 / b);
-  std::fprintf(f, "twin_fit_largest_error,%.4g,ratio,\"over the points below\"\n", worst);
+               m, 1 / b);
+  std::fprintf(f, "%s_twin_fit_largest_error,%.4g,ratio,\"over the points below\"\n", m, worst);
   for (const Point& p : points) {
-    std::fprintf(f, "step_ms_history%u_fresh%u,%.6g,ms,\"3 layers, 100 candidates, median\"\n",
-                 p.history, p.fresh, p.seconds * 1e3);
+    std::fprintf(f, "%s_step_ms_history%u_fresh%u,%.6g,ms,\"3 layers, 100 candidates, median\"\n",
+                 m, p.history, p.fresh, p.seconds * 1e3);
   }
   std::fclose(f);
   std::printf("wrote %s\n", path.c_str());
@@ -470,11 +490,13 @@ int Main(int argc, char** argv) {
   Check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
   std::printf("hlem_cuda_model on %s\n", prop.name);
   if (fixtures.empty()) std::printf("no fixtures given: the scores are not checked\n");
-  for (HstuAttentionMath math : {HstuAttentionMath::kFp32, HstuAttentionMath::kBf16}) {
-    for (const std::string& f : fixtures) CheckFixture(f, math);
+  for (const Mode& mode : kModes) {
+    for (const std::string& f : fixtures) CheckFixture(f, mode);
   }
   TimeLayers(quick);
-  FitTwinCosts(quick, prop.name, costs_out);
+  // The node's modes (model.cuda_attention bf16, model.cuda_gemm fp32 or tf32).
+  FitTwinCosts(quick, kModes[1], prop.name, costs_out);
+  FitTwinCosts(quick, kModes[2], prop.name, costs_out);
   std::printf("hlem_cuda_model: %s\n",
               failures == 0 ? "all checks passed" : (std::to_string(failures) + " FAILED").c_str());
   return failures == 0 ? 0 : 1;

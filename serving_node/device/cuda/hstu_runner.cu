@@ -214,7 +214,10 @@ std::unique_ptr<CudaHstuRunner> CudaHstuRunner::Create(const serving::HstuFlatWe
     return nullptr;
   }
   if (cublasCreate(&impl->blas) != CUBLAS_STATUS_SUCCESS ||
-      cublasSetStream(impl->blas, impl->stream) != CUBLAS_STATUS_SUCCESS) {
+      cublasSetStream(impl->blas, impl->stream) != CUBLAS_STATUS_SUCCESS ||
+      cublasSetMathMode(impl->blas,
+                        options.tf32_gemm ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH) !=
+          CUBLAS_STATUS_SUCCESS) {
     impl->blas = nullptr;
     *error = "CudaHstuRunner: cannot create a cuBLAS handle";
     return nullptr;

@@ -39,6 +39,9 @@ struct CudaHstuRunnerOptions {
   // The attention kernel's arithmetic (hstu_attention.h): fp32, or bf16 tensor cores where the
   // heads allow (d_qk = d_v of 64 or 128; else fp32).
   HstuAttentionMath attention = HstuAttentionMath::kFp32;
+  // The projections' GEMMs: fp32 (cuBLAS SGEMM on CUDA cores) or tf32 tensor cores (fp32 in and
+  // out, products of 10-bit mantissas, fp32 accumulation).
+  bool tf32_gemm = false;
 };
 
 class CudaHstuRunner {
