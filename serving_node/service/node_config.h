@@ -40,8 +40,8 @@ struct NodeConfig : LocalNodeOptions {
   // memory.device: cuda: the attention kernel's arithmetic (docs/node.md): bf16 tensor cores
   // (fp32 accumulation; heads of 64 or 128) or fp32 throughout.
   std::string cuda_attention = "bf16";
-  // memory.device: cuda: the projections' GEMMs: fp32 (cuBLAS SGEMM) or tf32 tensor cores.
-  std::string cuda_gemm = "fp32";
+  // memory.device: cuda: the projections' GEMMs: tf32 tensor cores or fp32 (cuBLAS SGEMM).
+  std::string cuda_gemm = "tf32";
 
   // Embedding shards.
   std::string shards_config;  // path; relative to the node config's directory

@@ -57,11 +57,11 @@ TEST(NodeConfigTest, TheDeviceIsCpuOrCuda) {
       Parse("model: {features: [item_id], cuda_attention: fp32}\nshards: {config: shards.yaml}\n");
   ASSERT_TRUE(fp32.ok()) << fp32.status();
   EXPECT_EQ(fp32->cuda_attention, "fp32");
-  EXPECT_EQ(fp32->cuda_gemm, "fp32");
-  auto tf32 =
-      Parse("model: {features: [item_id], cuda_gemm: tf32}\nshards: {config: shards.yaml}\n");
-  ASSERT_TRUE(tf32.ok()) << tf32.status();
-  EXPECT_EQ(tf32->cuda_gemm, "tf32");
+  EXPECT_EQ(fp32->cuda_gemm, "tf32");  // the default
+  auto sgemm =
+      Parse("model: {features: [item_id], cuda_gemm: fp32}\nshards: {config: shards.yaml}\n");
+  ASSERT_TRUE(sgemm.ok()) << sgemm.status();
+  EXPECT_EQ(sgemm->cuda_gemm, "fp32");
   auto half =
       Parse("model: {features: [item_id], cuda_attention: fp16}\nshards: {config: shards.yaml}\n");
   ASSERT_FALSE(half.ok());
