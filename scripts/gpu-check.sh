@@ -15,8 +15,8 @@
 #   scripts/gpu-check.sh --bundle BUILD DIR
 #     on the build machine: builds the GPU tests (cuda_device_test) in BUILD, a configured main
 #     tree, and copies them with every shared library they load except the C library's into DIR
-#     (DIR/bin, DIR/lib), and writes HSTU fixtures from the libtorch runner (DIR/fixtures), for a
-#     GPU host to run with --tests DIR
+#     (DIR/bin, DIR/lib), the GPU benchmarks likewise (gpu_node_benchmark, DIR/bench), and writes
+#     HSTU fixtures from the libtorch runner (DIR/fixtures), for a GPU host to run with --tests DIR
 #
 # Env: CUDA_ARCH (default 90: H100/H200; 80 for A100), HLEM_GPU_BUILD (default build-gpu).
 # Exit: 0 all passed, 1 a check failed, 77 no CUDA device visible.
@@ -26,6 +26,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${HLEM_GPU_BUILD:-$root/build-gpu}
 arch=${CUDA_ARCH:-90}
 gpu_tests=(cuda_device_test)
+gpu_benchmarks=(gpu_node_benchmark)
 quick=()
 tests=""
 while [ $# -gt 0 ]; do
@@ -35,12 +36,14 @@ while [ $# -gt 0 ]; do
     --bundle)
       main_build=${2:?--bundle needs a build directory}
       bundle=${3:?--bundle needs an output directory}
-      cmake --build "$main_build" --target "${gpu_tests[@]}"
-      rm -rf "$bundle" && mkdir -p "$bundle/bin" "$bundle/lib"
-      for t in "${gpu_tests[@]}"; do
+      cmake --build "$main_build" --target "${gpu_tests[@]}" "${gpu_benchmarks[@]}"
+      rm -rf "$bundle" && mkdir -p "$bundle/bin" "$bundle/bench" "$bundle/lib"
+      for t in "${gpu_tests[@]}" "${gpu_benchmarks[@]}"; do
         binary=$(find "$main_build" -type f -name "$t" -perm -u+x | head -1)
         [ -n "$binary" ] || { echo "gpu-check: $t not built in $main_build" >&2; exit 1; }
-        strip -o "$bundle/bin/$t" "$binary"
+        dir=bin
+        [[ " ${gpu_benchmarks[*]} " == *" $t "* ]] && dir=bench
+        strip -o "$bundle/$dir/$t" "$binary"
         # The CUDA toolkit's own libraries (cuBLAS is 600 MB) are on the GPU host already.
         ldd "$binary" | awk '$3 ~ /^\// {print $3}' |
           grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so|/usr/local/cuda' |
@@ -55,7 +58,7 @@ while [ $# -gt 0 ]; do
       for preset in small paper; do
         "$fixture_tool" --preset "$preset" --seed "$seed" --out "$bundle/fixtures/$preset.bin"
       done
-      echo "gpu-check: bundle in $bundle ($(du -sh "$bundle" | cut -f1)): ${gpu_tests[*]}"
+      echo "gpu-check: bundle in $bundle ($(du -sh "$bundle" | cut -f1)): ${gpu_tests[*]} ${gpu_benchmarks[*]}"
       exit 0 ;;
     *) echo "gpu-check: unknown argument '$1' (known: --quick, --tests DIR, --bundle BUILD DIR)" >&2
        exit 2 ;;
@@ -104,6 +107,15 @@ echo "== HSTU model (CUDA runner) =="
 fixtures=()
 [ -n "$tests" ] && [ -d "$tests/fixtures" ] && fixtures=("$tests"/fixtures/*.bin)
 "$build/hlem_cuda_model" "${quick[@]}" --costs-out "$root/sim/costs" "${fixtures[@]}" || rc=1
+if [ -n "$tests" ] && [ -d "$tests/bench" ]; then
+  echo "== a whole serving node on the GPU (gpu_node_benchmark) =="
+  requests=15
+  [ ${#quick[@]} -gt 0 ] && requests=5
+  for b in "$tests"/bench/*; do
+    LD_LIBRARY_PATH="$tests/lib:$cuda_lib" timeout 300 "$b" --requests "$requests" \
+      --costs-out "$root/sim/costs" || rc=1
+  done
+fi
 if [ -n "${OUT:-}" ]; then
   mkdir -p "$OUT"
   cp "$root"/sim/costs/*.csv "$OUT"/ 2>/dev/null || true
