@@ -4,7 +4,7 @@
 // (presets `small` and `paper`) for hlem_cuda_model to check the CUDA runner against, on a GPU
 // host that has no libtorch.
 //
-//   hlem_hstu_fixture --out FILE [--preset small|paper] [--seed N]
+//   hlem_hstu_fixture --out FILE [--preset tiny|small|paper] [--seed N]
 
 #include <cstdio>
 #include <random>
@@ -24,6 +24,18 @@ struct Preset {
 };
 
 Preset PresetNamed(const std::string& name) {
+  if (name == "tiny") {  // a few hundred bytes: the fuzz target's seed corpus
+    return {{.layers = 1,
+             .dim = 4,
+             .heads = 1,
+             .d_qk = 2,
+             .d_v = 2,
+             .head_hidden = 3,
+             .targets = 1,
+             .attn_norm = 4,
+             .max_positions = 6},
+            {{0, 1}, {3, 2}}};
+  }
   if (name == "paper") {  // the paper's layer (512-dim, 4 heads of 128), 3 layers, 100 candidates
     return {{.layers = 3,
              .dim = 512,
@@ -55,7 +67,7 @@ int Main(int argc, char** argv) {
   uint64_t seed = 1;
   app.add_option("--out", out, "fixture file to write")->required();
   app.add_option("--preset", preset, "model and requests")
-      ->check(CLI::IsMember({"small", "paper"}));
+      ->check(CLI::IsMember({"tiny", "small", "paper"}));
   app.add_option("--seed", seed, "weights and inputs are drawn from it");
   CLI11_PARSE(app, argc, argv);
 
