@@ -45,7 +45,7 @@ namespace {
 using serving::InferInput;
 using serving::InferOutput;
 
-constexpr uint32_t kDim = 512;
+constexpr uint32_t kDim = 512;  // the rows' width: the model's D (PaperHstuShape)
 constexpr uint64_t kItems = 1ull << 24;
 constexpr uint64_t kCategories = 1000000;
 constexpr uint32_t kCandidates = 100;
@@ -104,18 +104,8 @@ int Run(int argc, char** argv) {
     std::fprintf(stderr, "gpu_node_benchmark: no CUDA device (%s)\n", detail.c_str());
     return 77;
   }
-  serving::HstuFlatShape shape;
-  shape.layers = layers;
-  shape.dim = kDim;
-  shape.heads = 4;
-  shape.d_qk = 128;
-  shape.d_v = 128;
-  shape.head_hidden = 256;
-  shape.targets = 1;
-  shape.max_positions = 16384;
-  shape.attn_norm = 1024;
   auto runner = serving::CudaModelRunner::Create(
-      serving::RandomHstuFlatWeights(shape, 7), 0,
+      serving::RandomHstuFlatWeights(serving::PaperHstuShape(layers, 16384), 7), 0,
       {.attention = cuda::HstuAttentionMath::kBf16, .tf32_gemm = true});
   if (!runner.ok()) {
     std::fprintf(stderr, "gpu_node_benchmark: %s\n", runner.status().ToString().c_str());

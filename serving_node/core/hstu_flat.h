@@ -110,6 +110,22 @@ struct HstuFlatWeights {
   }
 };
 
+// The reference paper's HSTU (ARCHITECTURE §9): D 512, 4 heads of 128, a 256-wide head, one
+// target, N = 1024; the GPU tools time it.
+inline HstuFlatShape PaperHstuShape(uint32_t layers, uint32_t max_positions) {
+  HstuFlatShape s;
+  s.layers = layers;
+  s.dim = 512;
+  s.heads = 4;
+  s.d_qk = 128;
+  s.d_v = 128;
+  s.head_hidden = 256;
+  s.targets = 1;
+  s.max_positions = max_positions;
+  s.attn_norm = 1024;
+  return s;
+}
+
 // Random weights of `shape` from `seed` (deterministic, standard library only): matrices uniform
 // with variance 1/fan_in, LayerNorm gains 1 ± 0.05, biases ± 0.05, positions ± 0.035, as
 // HstuModel::CreateRandom draws them (though not the same numbers). For GPU checks and timings.

@@ -231,17 +231,7 @@ void CheckFixture(const std::string& path, const Mode& mode) {
 
 // The paper's layer (D = 512, 4 heads of 128) with random weights.
 HstuFlatWeights PaperWeights(uint32_t layers, uint32_t max_positions) {
-  HstuFlatShape s;
-  s.layers = layers;
-  s.dim = 512;
-  s.heads = 4;
-  s.d_qk = 128;
-  s.d_v = 128;
-  s.head_hidden = 256;
-  s.targets = 1;
-  s.max_positions = max_positions;
-  s.attn_norm = 1024;
-  return serving::RandomHstuFlatWeights(s, 42);
+  return serving::RandomHstuFlatWeights(serving::PaperHstuShape(layers, max_positions), 42);
 }
 
 template <typename Fn>
@@ -255,6 +245,20 @@ double MedianMs(int reps, Fn&& fn) {
   }
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
+}
+
+// Median ms of a returning step (`cached` tokens in the pages, `fresh` new, 100 candidates), after
+// a prefill that puts all `history` tokens' K/V in the pages with this runner and one warm-up.
+double TimeStep(CudaHstuRunner& runner, const Pool& pool, const std::vector<float>& hist,
+                const std::vector<float>& cand, std::vector<float>& scores, uint32_t history,
+                uint32_t cached, uint32_t fresh, int reps) {
+  const uint32_t dim = runner.shape().dim;
+  CudaHstuStep prefill = Step(pool, 0, 0, history, hist.data(), 100, cand.data(), scores.data());
+  CheckRun(runner, &prefill, 1, "prefill");
+  CudaHstuStep st = Step(pool, 0, cached, fresh, hist.data() + uint64_t{cached} * dim, 100,
+                         cand.data(), scores.data());
+  CheckRun(runner, &st, 1, "warm-up");
+  return MedianMs(reps, [&] { CheckRun(runner, &st, 1, "timed"); });
 }
 
 // cuBLAS SGEMM at 8192³, TFLOP/s: the fp32 rate the runner's projections run at.
@@ -332,13 +336,7 @@ void TimeLayers(bool quick) {
       std::vector<double> ms;
       for (auto& r : runners) {
         // Every mode fills the pages with its own K/V first (the tf32 projections differ).
-        CudaHstuStep prefill =
-            Step(pool, 0, 0, history, hist.data(), 100, cand.data(), scores.data());
-        CheckRun(*r, &prefill, 1, "prefill");
-        CudaHstuStep st = Step(pool, 0, cached, fresh, hist.data() + uint64_t{cached} * s.dim, 100,
-                               cand.data(), scores.data());
-        CheckRun(*r, &st, 1, "warm-up");
-        ms.push_back(MedianMs(reps, [&] { CheckRun(*r, &st, 1, "timed"); }));
+        ms.push_back(TimeStep(*r, pool, hist, cand, scores, history, cached, fresh, reps));
         std::printf(" %10.3f %8.2f", ms.back(), flops / (ms.back() * 1e-3) / 1e12);
       }
       std::printf(" %8.2fx\n", ms[0] / *std::min_element(ms.begin() + 1, ms.end()));
@@ -405,13 +403,7 @@ void FitTwinCosts(bool quick, const Mode& mode, const std::string& device,
     for (double share : {1.0, 0.1, 0.01}) {
       const uint32_t fresh = std::max<uint32_t>(1, static_cast<uint32_t>(history * share + 0.5));
       const uint32_t cached = history - fresh;
-      CudaHstuStep prefill =
-          Step(pool, 0, 0, history, hist.data(), 100, cand.data(), scores.data());
-      CheckRun(*runner, &prefill, 1, "prefill");
-      CudaHstuStep st = Step(pool, 0, cached, fresh, hist.data() + uint64_t{cached} * s.dim, 100,
-                             cand.data(), scores.data());
-      CheckRun(*runner, &st, 1, "warm-up");
-      const double ms = MedianMs(reps, [&] { CheckRun(*runner, &st, 1, "timed"); });
+      const double ms = TimeStep(*runner, pool, hist, cand, scores, history, cached, fresh, reps);
       points.push_back({history, fresh, twin_flops(cached, fresh, 100), ms * 1e-3});
     }
   }
