@@ -70,7 +70,7 @@ EmbCache::~EmbCache() {
 }
 
 absl::Status EmbCache::Lookup(uint32_t table_id, std::span<const uint64_t> rows,
-                              EmbLookupResult* out) {
+                              EmbLookupResult* out, bool pin) {
   absl::MutexLock lock(&mu_);
   auto cit = table_class_.find(table_id);
   if (cit == table_class_.end()) {
@@ -117,8 +117,16 @@ absl::Status EmbCache::Lookup(uint32_t table_id, std::span<const uint64_t> rows,
           continue;
         }
         out->offsets[i] = SlotOffset(x.page, x.slot, c.row_bytes);
-        c.policy->Touch(e);
-        FlushStaleFoundLocked();
+        if (x.pins == 0) {  // a pinned entry is out of the lists until its last Unpin
+          c.policy->Touch(e);
+          FlushStaleFoundLocked();
+          if (pin) {
+            c.policy->Detach(e);
+            ++pages_[x.page].pinned;
+            ++pinned_entries_;
+          }
+        }
+        if (pin) ++store_->entries[e].pins;
         TouchPageLocked(x.page);
         ++out->hits;
         continue;
@@ -192,7 +200,7 @@ absl::StatusOr<uint64_t> EmbCache::InsertLocked(uint32_t cls, uint32_t table_id,
     if (!store_->IsStale(e)) {
       EmbEntry& x = store_->entries[e];
       if (x.detached && was_pending != nullptr) *was_pending = reserved_.contains(e);
-      if (!x.detached) {
+      if (!x.detached && x.pins == 0) {  // in the lists (a pinned entry is no victim anyway)
         c.policy->Touch(e);
         FlushStaleFoundLocked();
         if (detach) {
@@ -349,8 +357,10 @@ uint32_t EmbCache::PageHeatLocked(const PageMeta& pm) const {
 
 void EmbCache::DropPageLocked(PageId page) {
   PageMeta& pm = pages_[page];
-  if (pm.pending != 0) {
-    GetLogger("emb_cache")->critical("check_failed page={} pending={} dropped", page, pm.pending);
+  if (pm.pending != 0 || pm.pinned != 0) {
+    GetLogger("emb_cache")
+        ->critical("check_failed page={} pending={} pinned={} dropped", page, pm.pending,
+                   pm.pinned);
     std::abort();
   }
   SizeClass& c = classes_[pm.cls];
@@ -382,8 +392,9 @@ uint32_t EmbCache::GiveBackLocked(uint32_t n_pages, std::vector<PageId>* freed) 
   std::vector<std::tuple<uint32_t, uint64_t, PageId>> order;
   order.reserve(held_.size());
   for (PageId p : held_) {
-    // A page with a copy in flight stays until the copy commits or aborts.
-    if (pages_[p].pending == 0)
+    // A page with a copy in flight stays until the copy commits or aborts; one a reader pinned,
+    // until it is unpinned.
+    if (pages_[p].pending == 0 && pages_[p].pinned == 0)
       order.emplace_back(PageHeatLocked(pages_[p]), pages_[p].last_access, p);
   }
   const uint32_t n = std::min<uint32_t>(n_pages, static_cast<uint32_t>(order.size()));

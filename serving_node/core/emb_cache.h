@@ -50,8 +50,11 @@
 // Offsets stay valid until the next call that may evict (Insert, InsertBatch, ReserveBatch,
 // Shrink, SetBudgetPages) from any thread; a pending entry's offset stays valid until its Commit
 // or Abort; the offsets one InsertBatch returns are distinct and valid
-// together (the batch never evicts a row it returned). The caller orders its device copies and
-// gathers against admissions.
+// together (the batch never evicts a row it returned). A caller that reads hit slots later, while
+// other admissions and α moves go on (the node sums a request's rows after admitting its misses),
+// pins them: Lookup with `pin` takes every hit out of the policy's lists (no victim) and keeps its
+// page from being given back (as a pending entry does) until Unpin. Without a pin, the caller
+// orders its reads against admissions.
 //
 // Ownership: the cache borrows the pool and the clock (both outlive it); it owns the pages it
 // holds and frees them to the pool when destroyed (after every copy into them has completed).
@@ -147,6 +150,7 @@ struct EmbCacheStats {
   uint64_t bytes_held = 0;        // now: pages_held * page_bytes
   uint64_t entries = 0;           // now: live entries, pending ones included
   uint64_t pending_entries = 0;   // now: reserved, neither committed nor aborted
+  uint64_t pinned_entries = 0;    // now: pinned by a reader (Lookup with pin, not yet Unpin)
   uint64_t stale_entries = 0;     // now: invalidated entries not yet dropped
   uint32_t budget_pages = 0;      // now
 };
@@ -173,8 +177,16 @@ class EmbCache {
   }
 
   // Looks up every row of one table. Hits refresh recency (and frequency); misses are listed.
+  // With `pin`, every hit position also pins its row (see the header comment): its offset stays
+  // valid until the caller Unpins it, once per hit position. INVALID_ARGUMENT for an unknown
+  // table.
+  absl::Status Lookup(uint32_t table_id, std::span<const uint64_t> rows, EmbLookupResult* out,
+                      bool pin = false);
+  // Releases one pin of each row (a Lookup with `pin` hit it); a row's last pin puts it back in
+  // the policy's lists, most recent, and gives back its page if the budget has dropped below the
+  // pages held. FAILED_PRECONDITION when some row was not pinned (the others are unpinned);
   // INVALID_ARGUMENT for an unknown table.
-  absl::Status Lookup(uint32_t table_id, std::span<const uint64_t> rows, EmbLookupResult* out);
+  absl::Status Unpin(uint32_t table_id, std::span<const uint64_t> rows);
 
   // Admits a row and returns the offset of its slot, where the caller writes the row's bytes.
   // A resident row keeps its slot (its recency is refreshed). Takes a never-used slot on a page
@@ -263,7 +275,7 @@ class EmbCache {
                               const std::function<void(uint32_t cls, uint32_t e)>& fn);
   uint32_t PendingEntryLocked(uint32_t table_id, uint64_t row) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Gives back pages over budget that no reservation pins.
+  // Gives back pages over budget that no reservation or reader pins.
   void GiveBackExcessLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A free slot of class `cls`: fills *page and *slot. RESOURCE_EXHAUSTED when none.
   absl::Status TakeSlotLocked(uint32_t cls, PageId* page, uint32_t* slot)
@@ -277,7 +289,8 @@ class EmbCache {
   void DropPageLocked(PageId page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint32_t ShrinkLocked(uint32_t n_pages, std::vector<PageId>* freed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Drops up to `n_pages` of the coldest held pages without pending entries; returns how many.
+  // Drops up to `n_pages` of the coldest held pages without pending or pinned entries; returns
+  // how many.
   uint32_t GiveBackLocked(uint32_t n_pages, std::vector<PageId>* freed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TouchPageLocked(PageId page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -310,6 +323,7 @@ class EmbCache {
   uint32_t budget_pages_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t live_entries_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t stale_entries_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t pinned_entries_ ABSL_GUARDED_BY(mu_) = 0;  // entries with pins > 0
   // Pending entries. Between calls an entry is detached exactly when it is pending, so the hot
   // path tests `detached`; inside a batch this set tells pending entries from the batch's own.
   absl::flat_hash_set<uint32_t> reserved_ ABSL_GUARDED_BY(mu_);

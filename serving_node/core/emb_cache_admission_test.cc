@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -197,11 +198,67 @@ TEST_P(EmbCacheAdmissionTest, APageWithACopyInFlightIsGivenBackOnlyAfterIt) {
   ExpectInvariants(*cache);
 }
 
+// A reader's pin keeps its hit's slot and page through evictions and α moves.
+TEST_P(EmbCacheAdmissionTest, APinnedHitIsNeitherEvictedNorGivenBackUntilUnpinned) {
+  SimClock clock;
+  auto pool = MakePool(4, 4096);
+  auto cache = MakeCache(*pool, clock, OneTable(256, 1, GetParam()));  // 16 slots
+  std::vector<uint64_t> offs;
+  std::vector<uint64_t> first(16);
+  for (uint64_t r = 0; r < 16; ++r) first[r] = r;
+  ASSERT_TRUE(cache->InsertBatch(0, first, &offs).ok());
+  EmbLookupResult r;
+  ASSERT_TRUE(cache->Lookup(0, std::vector<uint64_t>{3, 99}, &r, /*pin=*/true).ok());
+  ASSERT_EQ(r.hits, 1u);
+  const uint64_t slot = r.offsets[0];
+  ASSERT_TRUE(cache->Lookup(0, std::vector<uint64_t>{3}, &r, /*pin=*/true).ok());  // pinned twice
+  EXPECT_EQ(cache->GetStats().pinned_entries, 1u);
+  // 40 new rows through a 16-slot cache: every other row goes, row 3 stays where it was.
+  for (uint64_t row = 100; row < 140; ++row) {
+    absl::StatusOr<uint64_t> off = cache->Insert(0, row);
+    ASSERT_TRUE(off.ok()) << off.status();
+    ASSERT_NE(*off, slot);
+  }
+  EXPECT_EQ(cache->Peek(0, 3), slot);
+  ExpectInvariants(*cache);
+  // An α move to no EMB at all keeps the reader's page until the last pin goes.
+  std::vector<PageId> freed;
+  cache->SetBudgetPages(0, &freed);
+  EXPECT_TRUE(freed.empty());
+  EXPECT_EQ(cache->GetStats().pages_held, 1u);
+  ExpectInvariants(*cache);
+  ASSERT_TRUE(cache->Unpin(0, std::vector<uint64_t>{3}).ok());
+  EXPECT_EQ(cache->GetStats().pages_held, 1u);  // one pin left
+  EXPECT_EQ(cache->Peek(0, 3), slot);
+  ASSERT_TRUE(cache->Unpin(0, std::vector<uint64_t>{3}).ok());
+  EXPECT_EQ(cache->GetStats().pages_held, 0u);
+  EXPECT_EQ(cache->GetStats().pinned_entries, 0u);
+  EXPECT_EQ(pool->pages_owned(PageOwner::kEmb), 0u);
+  ExpectInvariants(*cache);
+}
+
+TEST_P(EmbCacheAdmissionTest, UnpinRefusesRowsThatAreNotPinned) {
+  SimClock clock;
+  auto pool = MakePool(4, 4096);
+  auto cache = MakeCache(*pool, clock, OneTable(256, 1, GetParam()));
+  ASSERT_TRUE(cache->Insert(0, 5).ok());
+  EmbLookupResult r;
+  ASSERT_TRUE(cache->Lookup(0, std::vector<uint64_t>{5}, &r, /*pin=*/true).ok());
+  const absl::Status st = cache->Unpin(0, std::vector<uint64_t>{5, 6, 5});
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(st.message().find("2 of 3 rows were not pinned"), std::string::npos) << st;
+  EXPECT_EQ(cache->GetStats().pinned_entries, 0u);  // the pinned one was released
+  EXPECT_EQ(cache->Unpin(7, std::vector<uint64_t>{5}).code(), absl::StatusCode::kInvalidArgument);
+  ExpectInvariants(*cache);
+}
+
 // Backs the pool with host bytes. Every slot Insert returns gets a (table, row) pattern; every
 // hit must read that same pattern, so a slot reused while the index still points at it, or a page
 // served after it went to the KV side, is caught. Reservations stay pending across random steps
 // and get their pattern only just before Commit (as a device copy would land), so a pending slot
-// that is served, reused or given back before then is caught too.
+// that is served, reused or given back before then is caught too. Readers pin some lookups' hits
+// across random steps and check their bytes when they let go, so a pinned slot that is reused or
+// given back is caught as well.
 TEST_P(EmbCacheAdmissionTest, RandomInterleavingsServeOnlyTheRightBytes) {
   // HLEM_TEST_SEED reruns one seed.
   const char* env_seed = std::getenv("HLEM_TEST_SEED");
@@ -255,11 +312,29 @@ TEST_P(EmbCacheAdmissionTest, RandomInterleavingsServeOnlyTheRightBytes) {
       for (uint64_t row : r.rows) ASSERT_EQ(cache->Peek(r.table, row), std::nullopt) << step;
     }
   };
+  // Readers: hits looked up with a pin, whose slots must keep their bytes until they are unpinned
+  // whatever else runs meanwhile (admissions, evictions, shrinks, the KV side's scribbles).
+  struct Reader {
+    uint32_t table;
+    std::vector<uint64_t> rows, offsets;
+  };
+  std::vector<Reader> readers;
+  std::map<std::pair<uint32_t, uint64_t>, int> pins;  // pinned rows and their pin counts
+  uint64_t pinned_reads = 0;
+  auto release = [&](const Reader& rd, int step) {
+    for (size_t i = 0; i < rd.rows.size(); ++i) {
+      check(rd.table, rd.rows[i], rd.offsets[i], step);
+      ASSERT_EQ(cache->Peek(rd.table, rd.rows[i]), rd.offsets[i]) << "step " << step;
+      if (--pins[{rd.table, rd.rows[i]}] == 0) pins.erase({rd.table, rd.rows[i]});
+      ++pinned_reads;
+    }
+    ASSERT_TRUE(cache->Unpin(rd.table, rd.rows).ok()) << "step " << step;
+  };
   std::vector<PageId> kv_pages;
   uint64_t hits = 0, pending_seen = 0;
   for (int step = 0; step < 6000; ++step) {
     const uint32_t t = rng() % tables.size();
-    switch (rng() % 19) {
+    switch (rng() % 20) {
       case 12:
       case 13:
       case 14:
@@ -272,12 +347,20 @@ TEST_P(EmbCacheAdmissionTest, RandomInterleavingsServeOnlyTheRightBytes) {
         for (int n = 1 + rng() % 12; n > 0; --n) distinct.insert(rng() % kRows);
         std::vector<uint64_t> rows(distinct.begin(), distinct.end());
         EmbLookupResult r;
-        ASSERT_TRUE(cache->Lookup(t, rows, &r).ok());
+        const bool pin = readers.size() < 3 && rng() % 3 == 0;
+        ASSERT_TRUE(cache->Lookup(t, rows, &r, pin).ok());
+        Reader rd{.table = t};
         for (size_t i = 0; i < rows.size(); ++i) {
           if (r.offsets[i] == kEmbMiss) continue;
           ++hits;
           check(t, rows[i], r.offsets[i], step);
+          if (pin) {
+            rd.rows.push_back(rows[i]);
+            rd.offsets.push_back(r.offsets[i]);
+            ++pins[{t, rows[i]}];
+          }
         }
+        if (!rd.rows.empty()) readers.push_back(std::move(rd));
         for (uint32_t i : r.pending_positions) {
           ASSERT_TRUE(pending.contains({t, rows[i]})) << "step " << step << " row " << rows[i];
           ++pending_seen;
@@ -314,10 +397,11 @@ TEST_P(EmbCacheAdmissionTest, RandomInterleavingsServeOnlyTheRightBytes) {
         std::vector<PageId> freed;
         uint32_t n = rng() % 3;
         uint32_t held = static_cast<uint32_t>(cache->GetStats().pages_held);
-        // Pages with a copy in flight stay: at most one per pending row.
+        // Pages with a copy in flight or a reader stay: at most one per pending or pinned row.
         const uint32_t got = cache->Shrink(n, &freed);
         ASSERT_LE(got, std::min(n, held));
-        ASSERT_GE(got, std::min<uint64_t>(n, held - std::min<uint64_t>(held, pending.size())));
+        const uint64_t kept = pending.size() + pins.size();
+        ASSERT_GE(got, std::min<uint64_t>(n, held - std::min<uint64_t>(held, kept)));
         ASSERT_EQ(freed.size(), got);
         for (PageId p : freed) ASSERT_EQ(pool->owner(p), PageOwner::kFree);
         break;
@@ -325,7 +409,8 @@ TEST_P(EmbCacheAdmissionTest, RandomInterleavingsServeOnlyTheRightBytes) {
       case 10: {
         std::vector<PageId> freed;
         cache->SetBudgetPages(rng() % (kPages + 1), &freed);
-        ASSERT_LE(cache->GetStats().pages_held, cache->budget_pages() + pending.size());
+        ASSERT_LE(cache->GetStats().pages_held,
+                  cache->budget_pages() + pending.size() + pins.size());
         break;
       }
       case 16:
@@ -355,6 +440,12 @@ TEST_P(EmbCacheAdmissionTest, RandomInterleavingsServeOnlyTheRightBytes) {
         outstanding.erase(outstanding.begin());
         break;
       }
+      case 19: {  // the oldest reader is done: its rows still hold their bytes
+        if (readers.empty()) break;
+        release(readers.front(), step);
+        readers.erase(readers.begin());
+        break;
+      }
       case 11: {  // the KV side takes or returns a page and scribbles over what it takes
         if (rng() % 2 && !kv_pages.empty()) {
           pool->FreePage(kv_pages.back());
@@ -368,6 +459,12 @@ TEST_P(EmbCacheAdmissionTest, RandomInterleavingsServeOnlyTheRightBytes) {
     }
     ASSERT_TRUE(pool->CheckInvariants().ok()) << "step " << step;
     ASSERT_EQ(pool->pages_owned(PageOwner::kEmb), cache->GetStats().pages_held) << step;
+    ASSERT_EQ(cache->GetStats().pinned_entries, pins.size()) << step;
+    for (const Reader& rd : readers) {
+      for (size_t i = 0; i < rd.rows.size(); ++i) {
+        ASSERT_EQ(cache->Peek(rd.table, rd.rows[i]), rd.offsets[i]) << "step " << step;
+      }
+    }
     absl::Status inv = cache->CheckInvariants();
     ASSERT_TRUE(inv.ok()) << "step " << step << ": " << inv;
     if (step % 25 == 0) {
@@ -386,17 +483,20 @@ TEST_P(EmbCacheAdmissionTest, RandomInterleavingsServeOnlyTheRightBytes) {
     }
   }
   for (const Reservation& r : outstanding) complete(r, true, -1);
+  for (const Reader& rd : readers) release(rd, -1);
   ASSERT_TRUE(cache->CheckInvariants().ok()) << cache->CheckInvariants();
   EmbCacheStats s = cache->GetStats();
   EXPECT_EQ(s.pending_entries, 0u);
+  EXPECT_EQ(s.pinned_entries, 0u);
   std::cout << "hits checked " << hits << " inserts " << s.inserts << " evictions " << s.evictions
             << " shrunk pages " << s.shrunk_pages << " stale dropped " << s.stale_dropped
             << " reserved " << s.reserved << " aborted " << s.aborted << " pending lookups "
-            << pending_seen << "\n";
+            << pending_seen << " pinned reads " << pinned_reads << "\n";
   EXPECT_GT(s.committed, 200u);
   EXPECT_GT(s.aborted, 30u);
   EXPECT_GT(pending_seen, 50u);
   EXPECT_GT(hits, 1000u);
+  EXPECT_GT(pinned_reads, 200u);
   EXPECT_GT(s.evictions, 100u);
   EXPECT_GT(s.shrunk_pages, 50u);
   EXPECT_GT(s.stale_dropped, 100u);

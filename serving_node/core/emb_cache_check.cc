@@ -35,6 +35,7 @@ EmbCacheStats EmbCache::GetStats() const {
   s.entries = live_entries_;
   s.stale_entries = stale_entries_;
   s.pending_entries = reserved_.size();
+  s.pinned_entries = pinned_entries_;
   s.budget_pages = budget_pages_;
   return s;
 }
@@ -42,11 +43,11 @@ EmbCacheStats EmbCache::GetStats() const {
 absl::Status EmbCache::CheckInvariants() const {
   absl::MutexLock lock(&mu_);
   auto fail = [](auto&&... parts) { return absl::InternalError(absl::StrCat(parts...)); };
-  uint64_t pinned_pages = 0;  // pages a reservation keeps past a budget cut
-  for (PageId p : held_) pinned_pages += pages_[p].pending > 0;
-  if (held_.size() > budget_pages_ + pinned_pages) {
-    return fail("holds ", held_.size(), " pages over budget ", budget_pages_, " (", pinned_pages,
-                " with copies in flight)");
+  uint64_t kept_pages = 0;  // pages a reservation or a reader keeps past a budget cut
+  for (PageId p : held_) kept_pages += pages_[p].pending > 0 || pages_[p].pinned > 0;
+  if (held_.size() > budget_pages_ + kept_pages) {
+    return fail("holds ", held_.size(), " pages over budget ", budget_pages_, " (", kept_pages,
+                " with copies in flight or readers)");
   }
   uint64_t class_pages = 0;
   for (const SizeClass& c : classes_) class_pages += c.pages;
@@ -68,8 +69,9 @@ absl::Status EmbCache::CheckInvariants() const {
   uint64_t live = 0, stale = 0, in_use = 0;
   for (const EmbEntry& x : store_->entries) in_use += x.in_use;
   if (in_use != index_.size()) return fail(in_use, " entries in use, index has ", index_.size());
-  std::vector<uint32_t> page_live(pages_.size(), 0), page_pending(pages_.size(), 0);
-  uint64_t pending = 0;
+  std::vector<uint32_t> page_live(pages_.size(), 0), page_pending(pages_.size(), 0),
+      page_pinned(pages_.size(), 0);
+  uint64_t pending = 0, pinned = 0;
   ShardCounts shard_count;
   std::vector<ShardCounts> page_shards(pages_.size());
   absl::flat_hash_set<uint64_t> slots;
@@ -78,6 +80,9 @@ absl::Status EmbCache::CheckInvariants() const {
     const bool is_pending = reserved_.contains(e);
     if (!x.in_use || x.table_id != key.table_id || x.row != key.id || x.detached != is_pending) {
       return fail("index entry (", key.table_id, ",", key.id, ") -> bad entry ", e);
+    }
+    if (x.pins > 0 && (is_pending || store_->IsStale(e))) {
+      return fail("pinned entry ", e, " is pending or stale");
     }
     if (store_->IsStale(e)) {
       if (is_pending) return fail("pending entry ", e, " is stale");
@@ -94,6 +99,10 @@ absl::Status EmbCache::CheckInvariants() const {
       return fail("two live entries on page ", x.page, " slot ", x.slot);
     }
     ++page_live[x.page];
+    if (x.pins > 0) {
+      ++page_pinned[x.page];
+      ++pinned;
+    }
     if (is_pending) {
       ++page_pending[x.page];
       ++pending;
@@ -110,10 +119,10 @@ absl::Status EmbCache::CheckInvariants() const {
   for (size_t p = 0; p < pages_.size(); ++p) {
     const PageMeta& pm = pages_[p];
     if (pm.live != page_live[p] || pm.used != page_live[p] + pm.holes.size() ||
-        pm.pending != page_pending[p]) {
+        pm.pending != page_pending[p] || pm.pinned != page_pinned[p]) {
       return fail("page ", p, " live ", pm.live, " used ", pm.used, " holes ", pm.holes.size(),
-                  " pending ", pm.pending, " counted ", page_live[p], " live ", page_pending[p],
-                  " pending");
+                  " pending ", pm.pending, " pinned ", pm.pinned, " counted ", page_live[p],
+                  " live ", page_pending[p], " pending ", page_pinned[p], " pinned");
     }
     for (uint32_t hole : pm.holes) {
       if (hole >= pm.used || slots.contains((uint64_t{p} << 32) | hole)) {
@@ -135,8 +144,10 @@ absl::Status EmbCache::CheckInvariants() const {
   for (const SizeClass& c : classes_) {
     if (absl::Status st = c.policy->Check(&listed); !st.ok()) return st;
   }
-  if (listed + pending != in_use) {
-    return fail(listed, " entries in policy lists, ", pending, " pending, ", in_use, " in use");
+  if (pinned != pinned_entries_) return fail(pinned, " pinned entries counted, ", pinned_entries_);
+  if (listed + pending + pinned != in_use) {
+    return fail(listed, " entries in policy lists, ", pending, " pending, ", pinned, " pinned, ",
+                in_use, " in use");
   }
   return absl::OkStatus();
 }

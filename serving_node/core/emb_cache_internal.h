@@ -25,6 +25,7 @@ struct EmbCache::PageMeta {
   uint32_t used = 0;  // slots handed out so far: [0, used) hold live entries or holes
   uint32_t live = 0;  // live entries, pending ones included
   uint32_t pending = 0;
+  uint32_t pinned = 0;  // entries with pins > 0: the page is not given back while any is
   uint32_t held_pos = 0;
   uint32_t open_pos = kNotOpen;
   uint32_t heat = 0;  // accesses, halved every heat epoch (applied lazily)

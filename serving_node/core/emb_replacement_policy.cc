@@ -199,8 +199,14 @@ class TinyLfuPolicy final : public EmbReplacementPolicy {
     Count(e, seg, -1);
   }
   void RemoveStale(EntryId e) override { lists_[s_.entries[e].segment].Unlink(s_.entries, e); }
-  void Detach(EntryId e) override { lists_[s_.entries[e].segment].Unlink(s_.entries, e); }
-  void Attach(EntryId e) override { lists_[s_.entries[e].segment].PushFront(s_.entries, e); }
+  void Detach(EntryId e) override {
+    lists_[s_.entries[e].segment].Unlink(s_.entries, e);
+    ++detached_[s_.entries[e].segment];
+  }
+  void Attach(EntryId e) override {
+    lists_[s_.entries[e].segment].PushFront(s_.entries, e);
+    --detached_[s_.entries[e].segment];
+  }
   void DropPage(PageId page) override {
     for (int seg = 0; seg < 3; ++seg) sizes_[seg] -= page_counts_[page][seg];
     page_counts_[page] = {0, 0, 0};
@@ -245,10 +251,10 @@ class TinyLfuPolicy final : public EmbReplacementPolicy {
       uint64_t live = 0;
       absl::Status st = lists_[seg].Walk(s_, listed, &live);
       if (!st.ok()) return st;
-      if (live != sizes_[seg] || page_sum[seg] != sizes_[seg]) {
+      if (live + detached_[seg] != sizes_[seg] || page_sum[seg] != sizes_[seg]) {
         return absl::InternalError(absl::StrCat("tinylfu segment ", seg, " size ", sizes_[seg],
-                                                " but ", live, " live listed, pages say ",
-                                                page_sum[seg]));
+                                                " but ", live, " live listed and ", detached_[seg],
+                                                " detached, pages say ", page_sum[seg]));
       }
     }
     return absl::OkStatus();
@@ -275,6 +281,7 @@ class TinyLfuPolicy final : public EmbReplacementPolicy {
   uint64_t windows_[3] = {0, 0, 0};  // promotion window per segment (probation: none)
   EntryList lists_[3];
   uint64_t sizes_[3] = {0, 0, 0};                     // live entries, attached or detached
+  uint64_t detached_[3] = {0, 0, 0};                  // of those, detached
   std::vector<std::array<uint32_t, 3>> page_counts_;  // live entries per page and segment
   uint64_t capacity_ = 0;                             // slots of the size class
   uint64_t window_target_ = 1;
