@@ -17,13 +17,20 @@
 // writes the fit and the medians to DIR/<device>-node.csv. Needs no torch (scripts/gpu-check.sh
 // bundles it for a bare GPU host).
 //
-//   gpu_node_benchmark [--requests N] [--layers L] [--costs-out DIR] [--smoke]
-// Exit 0, 1 on an error, 77 without a GPU (--smoke: one request per class, for CTest).
+// `--device cpu` runs the same requests on the cpu device (a 4 GiB host arena, touched before the
+// first request, behind an emulated link that costs nothing) with no model (a runner that only
+// writes zero scores): the host's share of the node's work, timed on a machine without a GPU, so
+// that changes to the EMB path can be measured anywhere (docs/perf/gpu.md, "The host's EMB path").
+//
+//   gpu_node_benchmark [--device cuda|cpu] [--requests N] [--layers L] [--costs-out DIR] [--smoke]
+// Exit 0, 1 on an error, 2 on a bad argument, 77 without a GPU for --device cuda (--smoke: one
+// request per class, for CTest).
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,6 +41,7 @@
 #include "common/zipf.h"
 #include "serving_node/core/hstu_flat.h"
 #include "serving_node/core/row_source.h"
+#include "serving_node/device/cpu_device.h"
 #include "serving_node/device/cuda/cuda_pool.h"
 #include "serving_node/device/cuda_device.h"
 #include "serving_node/device/cuda_model_runner.h"
@@ -76,14 +84,39 @@ double Quantile(std::vector<double> v, double q) {
   return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5)];
 }
 
+// No model: zero scores, no K/V written (--device cpu times the host's work alone).
+class NoModelRunner final : public serving::ModelRunner {
+ public:
+  explicit NoModelRunner(const serving::HstuFlatShape& shape) : shape_(shape) {}
+  uint32_t dim() const override { return shape_.dim; }
+  uint32_t targets() const override { return shape_.targets; }
+  uint32_t layers() const override { return shape_.layers; }
+  uint32_t kv_dim() const override { return shape_.kv_dim(); }
+  uint32_t max_positions() const override { return shape_.max_positions; }
+  absl::Status Run(std::span<const serving::ModelStep> steps) override {
+    for (const serving::ModelStep& s : steps) std::fill(s.scores.begin(), s.scores.end(), 0.0f);
+    return absl::OkStatus();
+  }
+
+ private:
+  serving::HstuFlatShape shape_;
+};
+
 int Run(int argc, char** argv) {
   uint32_t requests = 15, layers = 3;
   bool smoke = false;
-  std::string costs_out;
+  std::string costs_out, device_kind = "cuda";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--smoke") {
       smoke = true;
+    } else if (a == "--device" && i + 1 < argc) {
+      device_kind = argv[++i];
+      if (device_kind != "cuda" && device_kind != "cpu") {
+        std::fprintf(stderr, "gpu_node_benchmark: --device must be cuda or cpu, not '%s'\n",
+                     device_kind.c_str());
+        return 2;
+      }
     } else if (a == "--requests" && i + 1 < argc) {
       requests = static_cast<uint32_t>(std::max(1, std::atoi(argv[++i])));
     } else if (a == "--layers" && i + 1 < argc) {
@@ -92,29 +125,42 @@ int Run(int argc, char** argv) {
       costs_out = argv[++i];
     } else {
       std::fprintf(stderr,
-                   "gpu_node_benchmark: unknown argument '%s' (known: --requests N, --layers L, "
-                   "--costs-out DIR, --smoke)\n",
+                   "gpu_node_benchmark: unknown argument '%s' (known: --device cuda|cpu, "
+                   "--requests N, --layers L, --costs-out DIR, --smoke)\n",
                    a.c_str());
       return 2;
     }
   }
   if (smoke) requests = 1;
-  std::string detail;
-  if (cuda::CudaDeviceCount(&detail) == 0) {
-    std::fprintf(stderr, "gpu_node_benchmark: no CUDA device (%s)\n", detail.c_str());
-    return 77;
+  const bool on_gpu = device_kind == "cuda";
+  if (!on_gpu && !costs_out.empty()) {
+    // The twin's cpu costs come from node_benchmark, with the model (docs/simulator.md).
+    std::fprintf(stderr, "gpu_node_benchmark: --costs-out needs --device cuda\n");
+    return 2;
   }
-  auto runner = serving::CudaModelRunner::Create(
-      serving::RandomHstuFlatWeights(serving::PaperHstuShape(layers, 16384), 7), 0,
-      {.attention = cuda::HstuAttentionMath::kBf16, .tf32_gemm = true});
-  if (!runner.ok()) {
-    std::fprintf(stderr, "gpu_node_benchmark: %s\n", runner.status().ToString().c_str());
-    return 1;
+  const serving::HstuFlatShape shape = serving::PaperHstuShape(layers, 16384);
+  std::unique_ptr<serving::ModelRunner> runner;
+  if (on_gpu) {
+    std::string detail;
+    if (cuda::CudaDeviceCount(&detail) == 0) {
+      std::fprintf(stderr, "gpu_node_benchmark: no CUDA device (%s)\n", detail.c_str());
+      return 77;
+    }
+    auto cuda_runner = serving::CudaModelRunner::Create(
+        serving::RandomHstuFlatWeights(shape, 7), 0,
+        {.attention = cuda::HstuAttentionMath::kBf16, .tf32_gemm = true});
+    if (!cuda_runner.ok()) {
+      std::fprintf(stderr, "gpu_node_benchmark: %s\n", cuda_runner.status().ToString().c_str());
+      return 1;
+    }
+    runner = std::move(*cuda_runner);
+  } else {
+    runner = std::make_unique<NoModelRunner>(shape);
   }
   serving::LocalNodeOptions o;
   o.node.slo = absl::Seconds(10);
   o.node.max_in_flight_tokens = 1 << 22;
-  o.pool_bytes = (smoke ? 4ull : 48ull) << 30;
+  o.pool_bytes = (smoke ? 1ull : on_gpu ? 48ull : 4ull) << 30;
   o.page_bytes = 2 << 20;
   o.memory.initial_alpha = 0.3;
   o.queue.batch_window = absl::ZeroDuration();
@@ -122,15 +168,31 @@ int Run(int argc, char** argv) {
                 .max_candidates = 128,
                 .max_history = 15360,
                 .max_request_events = 1 << 16};
-  o.make_device = [](uint64_t pool_bytes) -> absl::StatusOr<serving::PoolDevice> {
-    auto device = serving::CudaDevice::Create({.pool_bytes = pool_bytes});
-    if (!device.ok()) return device.status();
-    std::byte* pool = (*device)->cuda_pool().pool();
-    return serving::PoolDevice{.device = std::move(*device), .runner_pool = pool};
-  };
   RealClock clock;
+  if (!on_gpu) {
+    // The emulated link costs nothing, and the arena is touched first (a running node's pool is
+    // resident; a fresh one would charge the first requests the kernel's page faults): the time is
+    // the host's own work.
+    o.make_device = [&clock](uint64_t pool_bytes) -> absl::StatusOr<serving::PoolDevice> {
+      auto device = serving::CpuDevice::Create(
+          {.pool_bytes = pool_bytes,
+           .link = {.bytes_per_second = 1e15, .latency = absl::ZeroDuration()}},
+          clock);
+      if (!device.ok()) return device.status();
+      std::byte* pool = (*device)->pool_data();
+      std::memset(pool, 0, pool_bytes);
+      return serving::PoolDevice{.device = std::move(*device), .runner_pool = pool};
+    };
+  } else {
+    o.make_device = [](uint64_t pool_bytes) -> absl::StatusOr<serving::PoolDevice> {
+      auto device = serving::CudaDevice::Create({.pool_bytes = pool_bytes});
+      if (!device.ok()) return device.status();
+      std::byte* pool = (*device)->cuda_pool().pool();
+      return serving::PoolDevice{.device = std::move(*device), .runner_pool = pool};
+    };
+  }
   HashRowSource source;
-  auto node = serving::LocalNode::Build(o, source, **runner, 1, clock);
+  auto node = serving::LocalNode::Build(o, source, *runner, 1, clock);
   if (!node.ok()) {
     std::fprintf(stderr, "gpu_node_benchmark: %s\n", node.status().ToString().c_str());
     return 1;
@@ -173,8 +235,9 @@ int Run(int argc, char** argv) {
     return true;
   };
 
-  std::printf("gpu_node_benchmark on %s: %u layers, D %u, %u candidates, %u requests a class\n",
-              device.c_str(), layers, kDim, kCandidates, requests);
+  std::printf("gpu_node_benchmark on %s: %u layers, D %u, %u candidates, %u requests a class%s\n",
+              device.c_str(), layers, kDim, kCandidates, requests,
+              on_gpu ? "" : " (no model: the host's work alone)");
   std::printf("%-6s %-8s %9s %9s %9s %9s %9s %9s %9s %8s\n", "L", "class", "p50 ms", "p90 ms",
               "model", "emb", "fetch", "copy", "kv", "rows");
   std::vector<Sample> all;

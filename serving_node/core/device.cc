@@ -111,6 +111,38 @@ absl::Status CheckGather(uint64_t pool_bytes, std::span<const uint64_t> pool_off
   return absl::OkStatus();
 }
 
+absl::Status CheckSum(uint64_t pool_bytes, std::span<const uint64_t> sources, uint32_t per_token,
+                      uint32_t dim, size_t extra_bytes, size_t dst_bytes) {
+  if (per_token == 0 || dim == 0) {
+    return absl::InvalidArgumentError("SumRows: per_token and dim must be positive");
+  }
+  if (sources.empty() || sources.size() % per_token != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SumRows: ", sources.size(), " sources are not whole tokens of ", per_token));
+  }
+  const uint64_t row_bytes = uint64_t{dim} * sizeof(float);
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const bool in_buffer = (sources[i] & kRowInBuffer) != 0;
+    const uint64_t offset = sources[i] & ~kRowInBuffer;
+    const uint64_t limit = in_buffer ? extra_bytes : pool_bytes;
+    if (offset % sizeof(float) != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("SumRows: source ", i, " at offset ", offset, " is not 4-byte aligned"));
+    }
+    if (offset > limit || row_bytes > limit - offset) {
+      return absl::InvalidArgumentError(absl::StrCat("SumRows: source ", i, " at offset ", offset,
+                                                     " leaves the ", limit, "-byte ",
+                                                     in_buffer ? "extra buffer" : "pool"));
+    }
+  }
+  const uint64_t tokens = sources.size() / per_token;
+  if (tokens > dst_bytes / row_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("SumRows: ", tokens, " sums of ", row_bytes,
+                                                   " bytes do not fit a buffer of ", dst_bytes));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckScatter(uint64_t pool_bytes, const KvGeometry& g,
                           std::span<const uint64_t> page_offsets, std::span<const uint32_t> slots,
                           size_t src_bytes) {

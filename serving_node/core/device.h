@@ -9,8 +9,9 @@
 // critical copy waits at most one background chunk. Every copy is counted by purpose, so tests can
 // prove that an α change copies zero KV bytes.
 //
-// Kernels. GatherRows (EMB rows from their slots into a contiguous batch) and ScatterKv (a step's
-// new K/V into page slots) move bytes inside the device, never over the link. They run in issue
+// Kernels. GatherRows (EMB rows from their slots into a contiguous batch), SumRows (a token's
+// feature rows summed into the model's input) and ScatterKv (a step's new K/V into page slots)
+// move bytes inside the device, never over the link. They run in issue
 // order on the device's compute stream (at once on `cpu`); their results are visible to later
 // kernels, and to the host after Synchronize. Their reference semantics are the host functions
 // of device/gather_scatter.h, which the `cpu` device runs. Implementations are thread-safe.
@@ -25,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "serving_node/core/kv_geometry.h"
+#include "serving_node/core/row_sources.h"
 
 namespace hlem::serving {
 
@@ -46,6 +48,9 @@ absl::Status CheckRows(uint64_t pool_bytes, std::span<const uint64_t> pool_offse
                        uint32_t row_bytes);
 absl::Status CheckGather(uint64_t pool_bytes, std::span<const uint64_t> pool_offsets,
                          uint32_t row_bytes, size_t dst_bytes);
+// Device::SumRows' arguments (extra_bytes 0 when there is no extra buffer).
+absl::Status CheckSum(uint64_t pool_bytes, std::span<const uint64_t> sources, uint32_t per_token,
+                      uint32_t dim, size_t extra_bytes, size_t dst_bytes);
 absl::Status CheckScatter(uint64_t pool_bytes, const KvGeometry& geometry,
                           std::span<const uint64_t> page_offsets, std::span<const uint32_t> slots,
                           size_t src_bytes);
@@ -109,6 +114,16 @@ class Device {
   // INVALID_ARGUMENT when a row leaves the pool or the rows do not fit dst.
   virtual absl::Status GatherRows(std::span<const uint64_t> pool_offsets, uint32_t row_bytes,
                                   DeviceBuffer& dst) = 0;
+  // The model's embedding input, summed where the rows are (no read-back to the host): for token
+  // t < sources.size() / per_token, dst's floats [t·dim, (t + 1)·dim) = the sum over f <
+  // per_token of the `dim` floats at sources[t·per_token + f], added in f order starting from
+  // 0.0f (SumRowsHost, so every device gives the same bits). A source is a byte offset into the
+  // pool or, with kRowInBuffer set, into `extra`; every row is 4-byte aligned. INVALID_ARGUMENT
+  // when sources is empty or not whole tokens, per_token or dim is 0, a row leaves the pool or
+  // `extra` (or names an `extra` that is null), an offset is not 4-byte aligned, or the sums do
+  // not fit dst.
+  virtual absl::Status SumRows(std::span<const uint64_t> sources, uint32_t per_token, uint32_t dim,
+                               const DeviceBuffer* extra, DeviceBuffer& dst) = 0;
   // Scatters the K/V of page_offsets.size() new tokens from src (token-major, as
   // KvGeometry::OffsetInBatch) to slot slots[t] of the page at pool offset page_offsets[t].
   // INVALID_ARGUMENT when the spans differ in length, a slot is past page_tokens, a page leaves

@@ -23,7 +23,9 @@ struct KvPagesView {
   std::span<const uint64_t> page_offsets;
 };
 
-// One request of a batch. Embeddings are the per-token sums of the feature rows, dim floats each.
+// One request of a batch. Embeddings are the per-token sums of the feature rows, dim floats each,
+// in the device's memory as the runner addresses it (Device::SumRows' output: host memory on the
+// cpu device, device memory on `cuda`), like the pool.
 struct ModelStep {
   KvPagesView kv;
   uint64_t cached_len = 0;                 // tokens [0, cached_len) have K/V in kv

@@ -164,7 +164,7 @@ class Pipeline::CopyWaiter : public std::enable_shared_from_this<CopyWaiter> {
 
 void Pipeline::CopyMisses(uint32_t table, std::span<const uint64_t> miss_rows,
                           std::span<const size_t> miss_at, std::span<const std::byte> fetched,
-                          CopyWaiter* copies, std::vector<bool>* cached,
+                          CopyWaiter* copies, std::vector<uint64_t>* slot,
                           std::vector<Admitted>* admitted) {
   // RESOURCE_EXHAUSTED part-way leaves the rows before it reserved; the rest are used without
   // being cached.
@@ -180,15 +180,15 @@ void Pipeline::CopyMisses(uint32_t table, std::span<const uint64_t> miss_rows,
     return reservation.offsets[a] < reservation.offsets[b];
   });
   auto staging = std::make_shared<std::vector<std::byte>>(order.size() * row_bytes_);
+  std::vector<uint64_t> slots(order.size());
   for (size_t i = 0; i < order.size(); ++i) {
     adm.rows.push_back(miss_rows[order[i]]);
-    (*cached)[miss_at[order[i]]] = true;
+    slots[i] = reservation.offsets[order[i]];
+    (*slot)[miss_at[order[i]]] = slots[i];
     std::memcpy(staging->data() + i * row_bytes_, fetched.data() + miss_at[order[i]] * row_bytes_,
                 row_bytes_);
   }
   if (!order.empty()) {
-    std::vector<uint64_t> slots(order.size());
-    for (size_t i = 0; i < order.size(); ++i) slots[i] = reservation.offsets[order[i]];
     device_.CopyRowsToPool(CopyClass::kCritical, CopyPurpose::kEmbMiss, staging->data(), slots,
                            row_bytes_, options_.max_copy_bytes, copies->Add(staging));
   }
@@ -196,8 +196,7 @@ void Pipeline::CopyMisses(uint32_t table, std::span<const uint64_t> miss_rows,
 }
 
 absl::Status Pipeline::Embed(std::span<const uint64_t> ids, absl::Time deadline, InferOutput* info,
-                             std::vector<float>* history_out, size_t history_tokens,
-                             std::vector<float>* candidate_out) {
+                             std::unique_ptr<DeviceBuffer>* sums) {
   const size_t F = options_.features.size(), tokens = ids.size() / F;
   // Distinct rows, grouped by table.
   absl::flat_hash_map<TableKey, uint32_t> index;
@@ -213,9 +212,17 @@ absl::Status Pipeline::Embed(std::span<const uint64_t> ids, absl::Time deadline,
     }
     token_row[i] = it->second;
   }
-  std::vector<uint64_t> pool_offset(distinct.size(), kEmbMiss);
-  std::vector<const std::byte*> host_row(distinct.size(), nullptr);
-  std::vector<std::shared_ptr<std::vector<std::byte>>> fetched;  // alive until the sums are done
+  // Where each distinct row is read from by SumRows: its pool slot (a hit, or a miss admitted
+  // below), or RowInBuffer(offset) in the request's buffer of rows used without caching them.
+  std::vector<uint64_t> source(distinct.size(), kEmbMiss);
+  // The rows the cache did not take (no room, or pending under another request's copy), from
+  // every table: they still cross the link, in one staged copy (a device computes on device
+  // memory). The shared struct keeps the host bytes and the buffer alive for a late copy.
+  struct Uncached {
+    std::vector<std::byte> bytes;
+    std::unique_ptr<DeviceBuffer> buffer;
+  };
+  auto uncached = std::make_shared<Uncached>();
   std::vector<Admitted> admitted;
   auto copies = std::make_shared<CopyWaiter>();
   // A failure part-way (a later table's fetch, the deadline) releases the slots reserved for the
@@ -227,16 +234,28 @@ absl::Status Pipeline::Embed(std::span<const uint64_t> ids, absl::Time deadline,
     }
     return st;
   };
+  // The hits stay pinned until they are summed: this request's own admissions, the refill and
+  // an α move would otherwise be free to hand their slots to other rows meanwhile.
+  std::vector<std::pair<uint32_t, std::vector<uint64_t>>> pinned;  // (table, rows)
+  absl::Cleanup unpin = [&] {
+    for (const auto& [table, rows] : pinned) (void)emb_.Unpin(table, rows);
+  };
   EmbLookupResult lookup;
+  std::vector<std::byte> fetched;
   for (auto& [table, members] : by_table) {
     std::vector<uint64_t> rows(members.size());
     for (size_t k = 0; k < members.size(); ++k) rows[k] = distinct[members[k]].id;
-    if (absl::Status st = emb_.Lookup(table, rows, &lookup); !st.ok()) return abandon(st);
+    if (absl::Status st = emb_.Lookup(table, rows, &lookup, /*pin=*/true); !st.ok()) {
+      return abandon(st);
+    }
+    pinned.emplace_back(table, std::vector<uint64_t>());
     if (sketch_ != nullptr) sketch_->RecordBatch(table, rows);
     if (options_.on_lookup) options_.on_lookup(table, rows);
     info->emb_hits += lookup.hits;
     for (size_t k = 0; k < rows.size(); ++k) {
-      if (lookup.offsets[k] != kEmbMiss) pool_offset[members[k]] = lookup.offsets[k];
+      if (lookup.offsets[k] == kEmbMiss) continue;
+      source[members[k]] = lookup.offsets[k];
+      pinned.back().second.push_back(rows[k]);
     }
     // Misses, and rows another request is copying in (fetched too rather than waited for).
     std::vector<uint32_t> need;
@@ -249,19 +268,15 @@ absl::Status Pipeline::Embed(std::span<const uint64_t> ids, absl::Time deadline,
     }
     std::vector<uint64_t> fetch_rows(need.size());
     for (size_t k = 0; k < need.size(); ++k) fetch_rows[k] = rows[need[k]];
-    fetched.push_back(std::make_shared<std::vector<std::byte>>(need.size() * row_bytes_));
-    std::vector<std::byte>& buffer = *fetched.back();
+    fetched.resize(need.size() * row_bytes_);
     const absl::Time fetch_start = clock_.Now();
-    const absl::Status fetch_status = source_.Fetch(table, fetch_rows, buffer, deadline);
+    const absl::Status fetch_status = source_.Fetch(table, fetch_rows, fetched, deadline);
     info->fetch_seconds += clock_.Now() - fetch_start;
     if (absl::Status st = fetch_status; !st.ok()) {
       return abandon(absl::UnavailableError(
           absl::StrCat("fetching ", need.size(), " rows of table ", table, ": ", st.message())));
     }
     info->emb_misses += need.size();
-    for (size_t k = 0; k < need.size(); ++k) {
-      host_row[members[need[k]]] = buffer.data() + k * row_bytes_;
-    }
     // Admit the misses: reserve slots, copy them over the link as critical transfers.
     std::vector<uint64_t> miss_rows;
     std::vector<size_t> miss_at;  // index into `need` of each miss row
@@ -272,96 +287,71 @@ absl::Status Pipeline::Embed(std::span<const uint64_t> ids, absl::Time deadline,
         miss_at.push_back(k);
       }
     }
-    std::vector<bool> cached(need.size(), false);  // reserved a slot, copied to it below
+    std::vector<uint64_t> slot(need.size(), kEmbMiss);  // where a reserved row lands
     if (!miss_rows.empty()) {
-      CopyMisses(table, miss_rows, miss_at, buffer, copies.get(), &cached, &admitted);
+      CopyMisses(table, miss_rows, miss_at, fetched, copies.get(), &slot, &admitted);
     }
-    // Rows the cache did not take (no room, or pending under another request's copy) still
-    // cross the link to be used, in one staged copy: a device computes on device memory.
-    std::vector<size_t> uncached;
     for (size_t k = 0; k < need.size(); ++k) {
-      if (!cached[k]) uncached.push_back(k);
-    }
-    if (!uncached.empty()) {
-      struct Staged {
-        std::vector<std::byte> bytes;
-        std::unique_ptr<DeviceBuffer> buffer;
-      };
-      auto staged = std::make_shared<Staged>();
-      staged->bytes.resize(uncached.size() * row_bytes_);
-      for (size_t i = 0; i < uncached.size(); ++i) {
-        std::memcpy(staged->bytes.data() + i * row_bytes_, buffer.data() + uncached[i] * row_bytes_,
-                    row_bytes_);
+      uint64_t& s = source[members[need[k]]];
+      if (slot[k] != kEmbMiss) {
+        s = slot[k];
+        continue;
       }
-      absl::StatusOr<std::unique_ptr<DeviceBuffer>> scratch =
-          device_.AllocBuffer(staged->bytes.size());
-      if (!scratch.ok()) return abandon(scratch.status());
-      staged->buffer = std::move(*scratch);
-      device_.CopyToBuffer(CopyClass::kCritical, CopyPurpose::kEmbMiss, staged->bytes.data(),
-                           *staged->buffer, 0, staged->bytes.size(), copies->Add(staged));
+      s = RowInBuffer(uncached->bytes.size());
+      uncached->bytes.insert(uncached->bytes.end(), fetched.begin() + k * row_bytes_,
+                             fetched.begin() + (k + 1) * row_bytes_);
     }
   }
-  // The request's rows must be on the device before the gather.
-  const absl::Time copy_start = clock_.Now();
-  absl::Cleanup copy_time = [&] { info->copy_seconds += clock_.Now() - copy_start; };
-  if (!copies->Wait(options_.copy_timeout)) {
-    // The copies may still land; their reservations stay pending rather than risk a slot being
-    // reused under a late copy.
-    return absl::InternalError("embedding copies did not complete within copy_timeout");
+  if (!uncached->bytes.empty()) {
+    absl::StatusOr<std::unique_ptr<DeviceBuffer>> buffer =
+        device_.AllocBuffer(uncached->bytes.size());
+    if (!buffer.ok()) return abandon(buffer.status());
+    uncached->buffer = std::move(*buffer);
+    device_.CopyToBuffer(CopyClass::kCritical, CopyPurpose::kEmbMiss, uncached->bytes.data(),
+                         *uncached->buffer, 0, uncached->bytes.size(), copies->Add(uncached));
   }
-  const absl::Status copy_error = copies->error();
-  for (const Admitted& adm : admitted) {
-    absl::Status st =
-        copy_error.ok() ? emb_.Commit(adm.table, adm.rows) : emb_.Abort(adm.table, adm.rows);
-    if (!st.ok()) return absl::InternalError(absl::StrCat("admitting rows: ", st.message()));
-  }
-  if (!copy_error.ok()) {
-    return absl::UnavailableError(
-        absl::StrCat("copying embedding rows to the device: ", copy_error.message()));
-  }
-  // Gather the rows that are in the pool (hits) into one batch.
-  std::vector<uint64_t> gather_offsets;
-  std::vector<uint32_t> gather_of;  // distinct index of each gathered row
-  for (size_t d = 0; d < distinct.size(); ++d) {
-    if (host_row[d] == nullptr && pool_offset[d] != kEmbMiss) {
-      gather_offsets.push_back(pool_offset[d]);
-      gather_of.push_back(static_cast<uint32_t>(d));
+  // The request's rows must be on the device before the sums.
+  {
+    const absl::Time copy_start = clock_.Now();
+    absl::Cleanup copy_time = [&] { info->copy_seconds += clock_.Now() - copy_start; };
+    if (!copies->Wait(options_.copy_timeout)) {
+      // The copies may still land; their reservations stay pending rather than risk a slot being
+      // reused under a late copy.
+      return absl::InternalError("embedding copies did not complete within copy_timeout");
+    }
+    const absl::Status copy_error = copies->error();
+    for (const Admitted& adm : admitted) {
+      absl::Status st =
+          copy_error.ok() ? emb_.Commit(adm.table, adm.rows) : emb_.Abort(adm.table, adm.rows);
+      if (!st.ok()) return absl::InternalError(absl::StrCat("admitting rows: ", st.message()));
+    }
+    if (!copy_error.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("copying embedding rows to the device: ", copy_error.message()));
     }
   }
-  std::vector<std::byte> gathered(gather_offsets.size() * row_bytes_);
-  if (!gather_offsets.empty()) {
-    ASSIGN_OR_RETURN(std::unique_ptr<DeviceBuffer> buf, device_.AllocBuffer(gathered.size()));
-    RETURN_IF_ERROR(device_.GatherRows(gather_offsets, row_bytes_, *buf));
-    RETURN_IF_ERROR(device_.Synchronize());
-    RETURN_IF_ERROR(device_.ReadBuffer(*buf, 0, gathered.data(), gathered.size()));
-    for (size_t g = 0; g < gather_of.size(); ++g) {
-      host_row[gather_of[g]] = gathered.data() + g * row_bytes_;
+  // e[t] = Σ_f row(f, t), on the device.
+  std::vector<uint64_t> token_sources(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    token_sources[i] = source[token_row[i]];
+    if (token_sources[i] == kEmbMiss) {
+      return absl::InternalError("an embedding row was neither hit nor fetched");
     }
   }
-  // e[t] = Σ_f row(f, t).
-  history_out->assign(history_tokens * dim_, 0.0f);
-  candidate_out->assign((tokens - history_tokens) * dim_, 0.0f);
-  for (size_t t = 0; t < tokens; ++t) {
-    float* out = t < history_tokens ? history_out->data() + t * dim_
-                                    : candidate_out->data() + (t - history_tokens) * dim_;
-    for (size_t f = 0; f < F; ++f) {
-      const std::byte* row = host_row[token_row[t * F + f]];
-      if (row == nullptr)
-        return absl::InternalError("an embedding row was neither hit nor fetched");
-      const float* v = reinterpret_cast<const float*>(row);
-      for (uint32_t d = 0; d < dim_; ++d) out[d] += v[d];
-    }
-  }
-  return absl::OkStatus();
+  ASSIGN_OR_RETURN(*sums, device_.AllocBuffer(tokens * dim_ * sizeof(float)));
+  RETURN_IF_ERROR(device_.SumRows(token_sources, static_cast<uint32_t>(F), dim_,
+                                  uncached->buffer.get(), **sums));
+  return device_.Synchronize();
 }
 
 struct Pipeline::Prepared {
   InferOutput out;
   uint64_t user = 0;
   uint64_t cached = 0;
-  KvPrefix kv_prefix;  // cached before this request
-  uint64_t first = 0;  // window start
-  std::vector<float> history_emb, candidate_emb;
+  KvPrefix kv_prefix;                 // cached before this request
+  uint64_t first = 0;                 // window start
+  std::unique_ptr<DeviceBuffer> emb;  // the new history tokens' inputs, then the candidates'
+  size_t history_tokens = 0, tokens = 0;
   std::vector<uint64_t> page_offsets;  // the user's block table
   std::optional<KvAppendResult> append;
 };
@@ -490,7 +480,9 @@ absl::Status Pipeline::Prepare(const InferInput& in, Prepared* p) {
   ids.reserve((n + C_n) * F);
   ids.insert(ids.end(), in.history.end() - n * F, in.history.end());
   ids.insert(ids.end(), in.candidates.begin(), in.candidates.end());
-  RETURN_IF_ERROR(Embed(ids, in.deadline, &out, &p->history_emb, n, &p->candidate_emb));
+  RETURN_IF_ERROR(Embed(ids, in.deadline, &out, &p->emb));
+  p->history_tokens = n;
+  p->tokens = n + C_n;
   out.emb_seconds = clock_.Now() - emb_start;
   if (clock_.Now() >= in.deadline) {
     return absl::DeadlineExceededError("deadline passed before compute");
@@ -562,10 +554,13 @@ std::vector<absl::StatusOr<InferOutput>> Pipeline::InferBatch(std::span<const In
       std::vector<ModelStep> steps;
       for (size_t r : ready) {
         Prepared& p = prepared[r];
+        // The inputs in device memory, as the runner addresses it (host memory on `cpu`).
+        const float* emb = reinterpret_cast<const float*>(p.emb->data());
+        const size_t history = p.history_tokens * dim_;
         steps.push_back({.kv = {kv_.layout(), pool_, p.page_offsets},
                          .cached_len = p.cached,
-                         .new_history_emb = p.history_emb,
-                         .candidate_emb = p.candidate_emb,
+                         .new_history_emb = {emb, history},
+                         .candidate_emb = {emb + history, p.tokens * dim_ - history},
                          .scores = p.out.scores});
       }
       const absl::Time compute_start = clock_.Now();

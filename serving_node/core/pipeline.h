@@ -13,8 +13,9 @@
 //      distinct ids are looked up in the EMB cache; misses (and rows another request is still
 //      copying) are fetched from the RowSource (the shard client) in one call per table; misses
 //      are admitted (ReserveBatch, critical copies over the link, Commit) and the request waits
-//      for its copies; GatherRows collects the rows; a token's input is the sum of its features'
-//      rows.
+//      for its copies; rows the cache did not take cross the link into a request buffer;
+//      Device::SumRows adds each token's feature rows where they lie (pool slots, that buffer)
+//      into the model's input in device memory.
 //   4. ModelRunner::Run computes the new tokens and the candidates and writes the new K/V into
 //      the reserved slots; CommitAppend makes them the user's prefix; Unpin.
 //
@@ -157,14 +158,15 @@ class Pipeline {
     std::vector<uint64_t> rows;
   };
   // Reserves EMB slots for a table's missed rows (fetched[miss_at[i]] holds miss_rows[i]) and
-  // copies the reserved ones over the link as critical transfers; marks them in `cached`.
+  // copies the reserved ones over the link as critical transfers; (*slot)[miss_at[i]] is the
+  // pool offset a reserved row lands at (left kEmbMiss for a row the cache did not take).
   void CopyMisses(uint32_t table, std::span<const uint64_t> miss_rows,
                   std::span<const size_t> miss_at, std::span<const std::byte> fetched,
-                  CopyWaiter* copies, std::vector<bool>* cached, std::vector<Admitted>* admitted);
-  // Sums the features' rows of tokens [first, last) of `ids` (F per token) into out (dim each).
+                  CopyWaiter* copies, std::vector<uint64_t>* slot, std::vector<Admitted>* admitted);
+  // The model's input for the tokens of `ids` (F per token): each token's feature rows summed on
+  // the device (Device::SumRows) into *sums, tokens × dim floats in device memory.
   absl::Status Embed(std::span<const uint64_t> ids, absl::Time deadline, InferOutput* info,
-                     std::vector<float>* history_out, size_t history_tokens,
-                     std::vector<float>* candidate_out);
+                     std::unique_ptr<DeviceBuffer>* sums);
 
   const PipelineOptions options_;
   KvCache& kv_;

@@ -107,9 +107,30 @@ TEST_F(PipelineTest, EveryFetchedRowCrossesTheLink) {
     EXPECT_EQ(stats.bytes[miss], out->emb_misses * kRowBytes);
     if (emb_pages == 0) {
       EXPECT_EQ(out->emb_hits, 0u);
-      EXPECT_EQ(stats.copies[miss], 2u);  // one staged copy per table
+      EXPECT_EQ(stats.copies[miss], 1u);  // one staged copy: both tables' rows
     }
   }
+}
+
+// A request's hits are read before anything can reuse their slots: with room for 128 rows, a
+// request that hits rows cached by an earlier one and misses 300 more (its own admissions evict
+// every unpinned row) still sums the rows it hit, not what later landed in their slots.
+TEST_F(PipelineTest, HitRowsAreNotEvictedBeforeTheyAreSummed) {
+  Build({}, 1);  // one EMB page: 128 rows of 32 B, both tables
+  Rng rng(21);
+  const std::vector<uint64_t> warm = Events(rng, 30);
+  const std::vector<uint64_t> cand = Events(rng, 2);
+  ASSERT_TRUE(pipeline_->Infer(Input(1, warm, cand)).ok());
+  std::vector<uint64_t> history = warm;
+  for (uint64_t i = 0; i < 300; ++i) {
+    history.push_back(600 + i);
+    history.push_back(i % 50);
+  }
+  auto out = pipeline_->Infer(Input(2, history, cand));
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_GT(out->emb_hits, 0u);
+  ExpectNear(out->scores, Expected(history, cand));
+  EXPECT_TRUE(emb_->CheckInvariants().ok()) << emb_->CheckInvariants();
 }
 
 TEST_F(PipelineTest, AChangedHistoryIsRecomputedNotServedStale) {

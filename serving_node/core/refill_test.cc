@@ -83,6 +83,10 @@ class FlakyDevice final : public Device {
                           DeviceBuffer& dst) override {
     return inner_.GatherRows(offsets, row_bytes, dst);
   }
+  absl::Status SumRows(std::span<const uint64_t> sources, uint32_t per_token, uint32_t dim,
+                       const DeviceBuffer* extra, DeviceBuffer& dst) override {
+    return inner_.SumRows(sources, per_token, dim, extra, dst);
+  }
   absl::Status ScatterKv(const KvGeometry& g, std::span<const uint64_t> page_offsets,
                          std::span<const uint32_t> slots, const DeviceBuffer& src) override {
     return inner_.ScatterKv(g, page_offsets, slots, src);

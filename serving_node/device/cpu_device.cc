@@ -119,6 +119,16 @@ absl::Status CpuDevice::GatherRows(std::span<const uint64_t> pool_offsets, uint3
   return absl::OkStatus();
 }
 
+absl::Status CpuDevice::SumRows(std::span<const uint64_t> sources, uint32_t per_token, uint32_t dim,
+                                const DeviceBuffer* extra, DeviceBuffer& dst) {
+  absl::Status st = CheckSum(pool_bytes_, sources, per_token, dim,
+                             extra == nullptr ? 0 : extra->size(), dst.size());
+  if (!st.ok()) return st;
+  SumRowsHost(pool_.get(), extra == nullptr ? nullptr : extra->data(), sources.data(),
+              sources.size() / per_token, per_token, dim, reinterpret_cast<float*>(dst.data()));
+  return absl::OkStatus();
+}
+
 absl::Status CpuDevice::ScatterKv(const KvGeometry& geometry,
                                   std::span<const uint64_t> page_offsets,
                                   std::span<const uint32_t> slots, const DeviceBuffer& src) {

@@ -1,5 +1,6 @@
 #include "serving_node/device/cpu_device.h"
 
+#include <string>
 #include <vector>
 
 #include "common/clock.h"
@@ -142,6 +143,75 @@ TEST(CpuDeviceTest, GatherRowsCopiesEachRowFromItsSlot) {
       }
     }
   }
+}
+
+// Each token's input is its feature rows added in feature order, read from the pool or from the
+// extra buffer, and nothing past the sums is written.
+TEST(CpuDeviceTest, SumRowsAddsEachTokensRowsWhereTheyLie) {
+  SimClock clock;
+  constexpr uint32_t kDim = 6, kFeatures = 2, kTokens = 50;
+  constexpr uint64_t kRowBytes = kDim * sizeof(float);
+  auto device = *CpuDevice::Create({.pool_bytes = 1 << 16}, clock);
+  float* pool = reinterpret_cast<float*>(device->pool_data());
+  for (size_t i = 0; i < (1 << 16) / sizeof(float); ++i) pool[i] = static_cast<float>(i % 97);
+  std::vector<float> extra_rows(10 * kDim);
+  for (size_t i = 0; i < extra_rows.size(); ++i) extra_rows[i] = -0.5f * static_cast<float>(i);
+  auto extra = *device->AllocBuffer(extra_rows.size() * sizeof(float));
+  ASSERT_TRUE(device
+                  ->WriteBuffer(*extra, 0, reinterpret_cast<const std::byte*>(extra_rows.data()),
+                                extra->size())
+                  .ok());
+  Rng rng(5);
+  std::vector<uint64_t> sources(kTokens * kFeatures);
+  for (size_t i = 0; i < sources.size(); ++i) {
+    sources[i] = i % 3 == 0 ? RowInBuffer(rng() % 10 * kRowBytes)
+                            : rng() % ((1 << 16) / sizeof(float) - kDim) * sizeof(float);
+  }
+  auto dst = *device->AllocBuffer((kTokens + 1) * kRowBytes);  // one spare row, left alone
+  std::vector<float> sums(kTokens * kDim + kDim, 42.0f);
+  ASSERT_TRUE(
+      device->WriteBuffer(*dst, 0, reinterpret_cast<const std::byte*>(sums.data()), dst->size())
+          .ok());
+  ASSERT_TRUE(device->SumRows(sources, kFeatures, kDim, extra.get(), *dst).ok());
+  ASSERT_TRUE(device->Synchronize().ok());
+  ASSERT_TRUE(
+      device->ReadBuffer(*dst, 0, reinterpret_cast<std::byte*>(sums.data()), dst->size()).ok());
+  for (uint32_t t = 0; t < kTokens; ++t) {
+    for (uint32_t d = 0; d < kDim; ++d) {
+      float want = 0.0f;
+      for (uint32_t f = 0; f < kFeatures; ++f) {
+        const uint64_t s = sources[t * kFeatures + f];
+        want += (s & kRowInBuffer) != 0 ? extra_rows[(s & ~kRowInBuffer) / sizeof(float) + d]
+                                        : pool[s / sizeof(float) + d];
+      }
+      ASSERT_EQ(sums[t * kDim + d], want) << "token " << t << " dim " << d;
+    }
+  }
+  for (uint32_t d = 0; d < kDim; ++d) EXPECT_EQ(sums[kTokens * kDim + d], 42.0f);
+}
+
+TEST(CpuDeviceTest, SumRowsRejectsBadArgumentsNamingThem) {
+  SimClock clock;
+  auto device = *CpuDevice::Create({.pool_bytes = 1 << 16}, clock);
+  auto dst = *device->AllocBuffer(64);
+  auto extra = *device->AllocBuffer(64);
+  auto refused = [&](std::vector<uint64_t> sources, uint32_t per_token, uint32_t dim,
+                     const DeviceBuffer* with, const std::string& want) {
+    const absl::Status st = device->SumRows(sources, per_token, dim, with, *dst);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << want;
+    EXPECT_NE(st.message().find(want), std::string::npos) << st;
+  };
+  refused({0, 16, 32}, 2, 4, nullptr, "not whole tokens of 2");
+  refused({}, 1, 4, nullptr, "0 sources");
+  refused({0}, 0, 4, nullptr, "per_token and dim must be positive");
+  refused({0}, 1, 0, nullptr, "per_token and dim must be positive");
+  refused({(1 << 16) - 8}, 1, 4, nullptr, "leaves the 65536-byte pool");
+  refused({2}, 1, 4, nullptr, "not 4-byte aligned");
+  refused({RowInBuffer(0)}, 1, 4, nullptr, "leaves the 0-byte extra buffer");
+  refused({RowInBuffer(56)}, 1, 4, extra.get(), "leaves the 64-byte extra buffer");
+  refused({0, 0, 0, 0, 0}, 1, 4, nullptr, "5 sums of 16 bytes do not fit a buffer of 64");
+  EXPECT_TRUE(
+      device->SumRows(std::vector<uint64_t>{0, RowInBuffer(48)}, 2, 4, extra.get(), *dst).ok());
 }
 
 // New K/V placed by a real KvCache append: every token's vectors land where KvGeometry says the

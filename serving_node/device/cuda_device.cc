@@ -161,6 +161,20 @@ absl::Status CudaDevice::GatherRows(std::span<const uint64_t> pool_offsets, uint
       pool_->GatherRows(pool_offsets.data(), pool_offsets.size(), row_bytes, dst.data()));
 }
 
+absl::Status CudaDevice::SumRows(std::span<const uint64_t> sources, uint32_t per_token,
+                                 uint32_t dim, const DeviceBuffer* extra, DeviceBuffer& dst) {
+  if (absl::Status st = CheckOwn("SumRows", dst); !st.ok()) return st;
+  if (extra != nullptr) {
+    if (absl::Status st = CheckOwn("SumRows", *extra); !st.ok()) return st;
+  }
+  absl::Status st = CheckSum(pool_bytes(), sources, per_token, dim,
+                             extra == nullptr ? 0 : extra->size(), dst.size());
+  if (!st.ok()) return st;
+  return ToStatus(pool_->SumRows(sources.data(), sources.size() / per_token, per_token, dim,
+                                 extra == nullptr ? nullptr : extra->data(),
+                                 reinterpret_cast<float*>(dst.data())));
+}
+
 absl::Status CudaDevice::ScatterKv(const KvGeometry& geometry,
                                    std::span<const uint64_t> page_offsets,
                                    std::span<const uint32_t> slots, const DeviceBuffer& src) {

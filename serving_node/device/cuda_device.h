@@ -47,6 +47,8 @@ class CudaDevice final : public Device {
                           size_t bytes) override;
   absl::Status GatherRows(std::span<const uint64_t> pool_offsets, uint32_t row_bytes,
                           DeviceBuffer& dst) override;
+  absl::Status SumRows(std::span<const uint64_t> sources, uint32_t per_token, uint32_t dim,
+                       const DeviceBuffer* extra, DeviceBuffer& dst) override;
   absl::Status ScatterKv(const KvGeometry& geometry, std::span<const uint64_t> page_offsets,
                          std::span<const uint32_t> slots, const DeviceBuffer& src) override;
   absl::Status Synchronize() override;

@@ -48,11 +48,15 @@ class CudaDeviceGpuTest : public ::testing::Test {
     // The same bytes in both pools.
     std::vector<std::byte> bytes(64 << 20);
     for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<std::byte>(Mix64(i));
-    std::memcpy(cpu_->pool_data(), bytes.data(), bytes.size());
+    WriteBothPools(0, bytes.data(), bytes.size());
+  }
+  // The same bytes at `offset` of both pools.
+  void WriteBothPools(uint64_t offset, const void* src, size_t bytes) {
+    std::memcpy(cpu_->pool_data() + offset, src, bytes);
     absl::Notification done;
     absl::Status status;
-    gpu_->CopyToPool(CopyClass::kBackground, CopyPurpose::kOther, bytes.data(), 0, bytes.size(),
-                     [&](absl::Status s) {
+    gpu_->CopyToPool(CopyClass::kBackground, CopyPurpose::kOther,
+                     static_cast<const std::byte*>(src), offset, bytes, [&](absl::Status s) {
                        status = s;
                        done.Notify();
                      });
@@ -79,6 +83,50 @@ TEST_F(CudaDeviceGpuTest, GatherMatchesTheCpuDevice) {
     ASSERT_TRUE(cpu_->ReadBuffer(*b, 0, want.data(), want.size()).ok());
     EXPECT_EQ(got, want) << row_bytes;
   }
+}
+
+TEST_F(CudaDeviceGpuTest, SumRowsMatchesTheCpuDeviceBitForBit) {
+  // Finite floats (random bytes hold NaNs, whose payloads the two devices propagate differently).
+  constexpr uint32_t kDim = 512, kPoolRows = 4096, kExtraRows = 64, kFeatures = 3;
+  constexpr uint64_t kRowBytes = kDim * sizeof(float);
+  Rng rng(3);
+  auto values = [&](size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = (static_cast<float>(rng() % 20001) - 10000.0f) / 4096.0f;
+    return v;
+  };
+  const std::vector<float> pool_rows = values(size_t{kPoolRows} * kDim);
+  const std::vector<float> extra_rows = values(size_t{kExtraRows} * kDim);
+  WriteBothPools(0, pool_rows.data(), pool_rows.size() * sizeof(float));
+  auto gpu_extra = *gpu_->AllocBuffer(extra_rows.size() * sizeof(float));
+  auto cpu_extra = *cpu_->AllocBuffer(extra_rows.size() * sizeof(float));
+  const auto* extra_bytes = reinterpret_cast<const std::byte*>(extra_rows.data());
+  ASSERT_TRUE(gpu_->WriteBuffer(*gpu_extra, 0, extra_bytes, gpu_extra->size()).ok());
+  ASSERT_TRUE(cpu_->WriteBuffer(*cpu_extra, 0, extra_bytes, cpu_extra->size()).ok());
+  for (uint32_t tokens : {1u, 1000u, 20000u}) {
+    std::vector<uint64_t> sources(size_t{tokens} * kFeatures);
+    for (size_t i = 0; i < sources.size(); ++i) {
+      sources[i] =
+          i % 7 == 3 ? RowInBuffer(rng() % kExtraRows * kRowBytes) : rng() % kPoolRows * kRowBytes;
+    }
+    auto a = *gpu_->AllocBuffer(tokens * kRowBytes);
+    auto b = *cpu_->AllocBuffer(tokens * kRowBytes);
+    ASSERT_TRUE(gpu_->SumRows(sources, kFeatures, kDim, gpu_extra.get(), *a).ok());
+    ASSERT_TRUE(cpu_->SumRows(sources, kFeatures, kDim, cpu_extra.get(), *b).ok());
+    ASSERT_TRUE(gpu_->Synchronize().ok());
+    std::vector<std::byte> got(a->size()), want(b->size());
+    ASSERT_TRUE(gpu_->ReadBuffer(*a, 0, got.data(), got.size()).ok());
+    ASSERT_TRUE(cpu_->ReadBuffer(*b, 0, want.data(), want.size()).ok());
+    EXPECT_EQ(got, want) << tokens << " tokens";
+  }
+  // A buffer the cuda device did not allocate, and a buffer row with no buffer, are refused.
+  auto out = *gpu_->AllocBuffer(kRowBytes);
+  const std::vector<uint64_t> one = {0};
+  EXPECT_EQ(gpu_->SumRows(one, 1, kDim, nullptr, *cpu_extra).code(),
+            absl::StatusCode::kInvalidArgument);
+  const std::vector<uint64_t> in_buffer = {RowInBuffer(0)};
+  EXPECT_EQ(gpu_->SumRows(in_buffer, 1, kDim, nullptr, *out).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(CudaDeviceGpuTest, ScatterMatchesTheCpuDevice) {

@@ -61,6 +61,7 @@ absl::Status CudaModelRunner::Run(std::span<const ModelStep> steps) {
     c.candidates = static_cast<uint32_t>(candidates);
     c.new_history_emb = s.new_history_emb.data();
     c.candidate_emb = s.candidate_emb.data();
+    c.emb_on_device = true;  // the pipeline's SumRows output (ModelStep)
     c.scores = s.scores.data();
     if (std::string e = cuda::CudaHstuStepError(shape, c); !e.empty()) {
       return absl::InvalidArgumentError(where + e);

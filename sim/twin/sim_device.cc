@@ -75,6 +75,10 @@ absl::Status SimDevice::ReadBuffer(const serving::DeviceBuffer&, size_t, std::by
 absl::Status SimDevice::GatherRows(std::span<const uint64_t>, uint32_t, serving::DeviceBuffer&) {
   return NoBytes("GatherRows");
 }
+absl::Status SimDevice::SumRows(std::span<const uint64_t>, uint32_t, uint32_t,
+                                const serving::DeviceBuffer*, serving::DeviceBuffer&) {
+  return NoBytes("SumRows");
+}
 absl::Status SimDevice::ScatterKv(const serving::KvGeometry&, std::span<const uint64_t>,
                                   std::span<const uint32_t>, const serving::DeviceBuffer&) {
   return NoBytes("ScatterKv");

@@ -36,6 +36,8 @@ class SimDevice final : public serving::Device {
                           size_t bytes) override;
   absl::Status GatherRows(std::span<const uint64_t> pool_offsets, uint32_t row_bytes,
                           serving::DeviceBuffer& dst) override;
+  absl::Status SumRows(std::span<const uint64_t> sources, uint32_t per_token, uint32_t dim,
+                       const serving::DeviceBuffer* extra, serving::DeviceBuffer& dst) override;
   absl::Status ScatterKv(const serving::KvGeometry& geometry,
                          std::span<const uint64_t> page_offsets, std::span<const uint32_t> slots,
                          const serving::DeviceBuffer& src) override;

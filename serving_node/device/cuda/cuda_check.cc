@@ -278,6 +278,67 @@ void CheckGather(CudaPool& pool, const std::vector<std::byte>& mirror, const cha
   Report(label, all, detail);
 }
 
+// Token sums against SumRowsHost, bit for bit. The rows are finite floats written over the
+// pool's first 8 MiB (random bytes hold NaNs, whose payloads the host and the GPU propagate
+// differently), plus a device buffer of rows that are not cached.
+void CheckSums(CudaPool& pool, std::vector<std::byte>& mirror, const char* label) {
+  std::mt19937_64 rng(13);
+  auto finite = [&](size_t floats) {
+    std::vector<float> v(floats);
+    for (float& x : v) x = (static_cast<float>(rng() % 20001) - 10000.0f) / 4096.0f;
+    return v;
+  };
+  constexpr size_t kPoolBytes = 8 << 20, kExtraBytes = 1 << 20;
+  const std::vector<float> rows = finite(kPoolBytes / 4);
+  std::memcpy(mirror.data(), rows.data(), kPoolBytes);
+  Waiter w;
+  pool.CopyToPool(CudaCopyClass::kCritical, mirror.data(), 0, kPoolBytes, w.Callback());
+  w.Wait(label);
+  const std::vector<float> extra_rows = finite(kExtraBytes / 4);
+  std::byte* extra = nullptr;
+  CudaResult r = pool.Alloc(kExtraBytes, &extra);
+  if (r.ok())
+    r = pool.Write(extra, reinterpret_cast<const std::byte*>(extra_rows.data()), kExtraBytes);
+  bool all = w.errors().empty() && r.ok();
+  std::string detail = r.ok() ? "" : r.message();
+  struct Case {
+    uint32_t dim, per_token;
+    size_t tokens;
+  };
+  // The last case has more sources than one scratch batch holds.
+  for (const Case& c :
+       {Case{512, 2, 1}, Case{512, 3, 1000}, Case{512, 2, 20000}, Case{4, 2, 1'100'000}}) {
+    if (!r.ok()) break;
+    const uint64_t row_bytes = uint64_t{c.dim} * 4;
+    std::vector<uint64_t> sources(c.tokens * c.per_token);
+    for (uint64_t& src : sources) {
+      src = rng() % 5 == 0 ? serving::RowInBuffer(rng() % (kExtraBytes / row_bytes) * row_bytes)
+                           : rng() % (kPoolBytes / row_bytes) * row_bytes;
+    }
+    const size_t out_bytes = c.tokens * row_bytes;
+    std::byte* dst = nullptr;
+    CudaResult k = pool.Alloc(out_bytes, &dst);
+    if (k.ok()) {
+      k = pool.SumRows(sources.data(), c.tokens, c.per_token, c.dim, extra,
+                       reinterpret_cast<float*>(dst));
+    }
+    if (k.ok()) k = pool.Synchronize();
+    std::vector<std::byte> got(out_bytes), want(out_bytes);
+    if (k.ok()) k = pool.Read(dst, got.data(), got.size());
+    if (dst != nullptr) pool.Free(dst);
+    serving::SumRowsHost(mirror.data(), reinterpret_cast<const std::byte*>(extra_rows.data()),
+                         sources.data(), c.tokens, c.per_token, c.dim,
+                         reinterpret_cast<float*>(want.data()));
+    if (!k.ok() || got != want) {
+      all = false;
+      detail = std::to_string(c.tokens) + " tokens of " + std::to_string(c.per_token) + " × " +
+               std::to_string(c.dim) + ": " + (k.ok() ? "sums differ" : k.message());
+    }
+  }
+  if (extra != nullptr) pool.Free(extra);
+  Report(label, all, detail);
+}
+
 void CheckScatter(CudaPool& pool, std::vector<std::byte>& mirror, const char* label) {
   bool all = true;
   std::string detail;
@@ -346,6 +407,7 @@ int Main() {
     CheckBadRanges(*pool);
     CheckConcurrentSubmitters(*pool, mirror, 4, 64 << 10);
     CheckGather(*pool, mirror, "gather == host reference (4 .. 2048 B rows)");
+    CheckSums(*pool, mirror, "token sums == host reference, bit for bit");
     CheckScatter(*pool, mirror, "scatter == host reference (5000 tokens)");
     CheckRowCopies(*pool, mirror, "row copies to scattered slots == reference");
     CheckCallbackResubmits(*pool, 1, 1 << 20);
@@ -364,6 +426,7 @@ int Main() {
     CheckConcurrentSubmitters(*pool, mirror, 12, 1 << 10);
     CheckConcurrentSubmitters(*pool, mirror, 4, 12 << 10);
     CheckGather(*pool, mirror, "gather, small scratch");
+    CheckSums(*pool, mirror, "token sums, small scratch");
     CheckScatter(*pool, mirror, "scatter, small scratch");
     CheckRowCopies(*pool, mirror, "row copies, small staging pieces");
     CheckCallbackResubmits(*pool, 6, 16 << 10);  // 6 pieces of 16 KiB in flight: a full ring

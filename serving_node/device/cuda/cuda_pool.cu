@@ -5,6 +5,7 @@
 #include <cstring>
 #include <utility>
 
+#include "serving_node/core/row_sources.h"
 #include "serving_node/device/cuda/cuda_pool.h"
 
 namespace hlem::cuda {
@@ -57,6 +58,25 @@ __global__ void ScatterRowsKernel(std::byte* __restrict__ pool,
   const uint64_t row = uint64_t{blockIdx.x} * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= rows) return;
   WarpCopy(src + row * row_bytes, pool + offsets[row], row_bytes, threadIdx.x % 32);
+}
+
+// One thread per (token, dimension): the token's feature rows added in feature order from 0.0f,
+// as SumRowsHost does (the same bits). A warp reads 32 consecutive floats of each row.
+__global__ void SumRowsKernel(const std::byte* __restrict__ pool,
+                              const std::byte* __restrict__ extra,
+                              const uint64_t* __restrict__ sources, uint64_t tokens,
+                              uint32_t per_token, uint32_t dim, float* __restrict__ dst) {
+  const uint64_t i = uint64_t{blockIdx.x} * kThreads + threadIdx.x;
+  if (i >= tokens * dim) return;
+  const uint64_t t = i / dim;
+  const uint32_t d = static_cast<uint32_t>(i % dim);
+  float sum = 0.0f;
+  for (uint32_t f = 0; f < per_token; ++f) {
+    const uint64_t source = sources[t * per_token + f];
+    const std::byte* base = (source & serving::kRowInBuffer) != 0 ? extra : pool;
+    sum += reinterpret_cast<const float*>(base + (source & ~serving::kRowInBuffer))[d];
+  }
+  dst[i] = sum;
 }
 
 constexpr size_t Align16(size_t n) { return (n + 15) / 16 * 16; }
@@ -635,6 +655,39 @@ CudaResult CudaPool::GatherRowsDevice(const uint64_t* device_offsets, size_t row
   }
   std::lock_guard<std::mutex> stats_lock(stats_mu_);
   stats_.gathered_rows += rows;
+  return CudaResult::Ok();
+}
+
+CudaResult CudaPool::SumRows(const uint64_t* sources, size_t tokens, uint32_t per_token,
+                             uint32_t dim, const std::byte* device_extra, float* device_dst) {
+  std::lock_guard<std::mutex> lock(kernel_mu_);
+  HLEM_CUDA_RETURN(cudaSetDevice(options_.device));
+  if (sizeof(uint64_t) * uint64_t{per_token} > options_.kernel_scratch_bytes) {
+    return CudaResult::Error("SumRows: one token's " + std::to_string(per_token) +
+                             " sources do not fit the kernel scratch");
+  }
+  // Tokens per launch: their sources fit the scratch, their threads one grid.
+  const uint64_t max_threads = uint64_t{INT32_MAX} * kThreads;
+  const size_t per_batch = std::min<uint64_t>(
+      options_.kernel_scratch_bytes / (sizeof(uint64_t) * uint64_t{per_token}), max_threads / dim);
+  for (size_t first = 0; first < tokens; first += per_batch) {
+    const size_t n = std::min(per_batch, tokens - first);
+    HLEM_CUDA_RETURN(cudaEventSynchronize(static_cast<cudaEvent_t>(scratch_event_)));
+    void* dev_sources = nullptr;
+    CudaResult staged =
+        StageIndex(sources + first * per_token, n * per_token * sizeof(uint64_t), 0, &dev_sources);
+    if (!staged.ok()) return staged;
+    HLEM_CUDA_RETURN(cudaEventRecord(static_cast<cudaEvent_t>(scratch_event_), S(compute_stream_)));
+    (void)cudaGetLastError();
+    const uint64_t threads = uint64_t{n} * dim;
+    SumRowsKernel<<<static_cast<unsigned>((threads + kThreads - 1) / kThreads), kThreads, 0,
+                    S(compute_stream_)>>>(pool_, device_extra,
+                                          static_cast<const uint64_t*>(dev_sources), n, per_token,
+                                          dim, device_dst + first * dim);
+    HLEM_CUDA_RETURN(cudaGetLastError());
+  }
+  std::lock_guard<std::mutex> stats_lock(stats_mu_);
+  stats_.summed_tokens += tokens;
   return CudaResult::Ok();
 }
 

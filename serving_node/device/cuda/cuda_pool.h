@@ -18,7 +18,8 @@
 // - The destructor waits until every copy's callback has returned; copies submitted meanwhile (by
 //   callbacks) fail at once with "pool closing". Never destroy the pool from one of its callbacks
 //   (it would wait for itself).
-// - Kernels (GatherRows, ScatterKv) on one compute stream created with the highest priority, in
+// - Kernels (GatherRows, SumRows, ScatterKv) on one compute stream created with the highest
+// priority, in
 //   issue order; Synchronize waits for them. Their semantics are those of gather_scatter.h.
 //
 // Errors are returned as CudaResult (ok, or a message that names the call and CUDA's error).
@@ -69,6 +70,7 @@ struct CudaPoolStats {
   uint64_t bytes[2] = {0, 0};
   uint64_t busy_ns[2] = {0, 0};  // GPU time of each class's copies (events around each piece)
   uint64_t gathered_rows = 0;
+  uint64_t summed_tokens = 0;
   uint64_t scattered_tokens = 0;
 };
 
@@ -151,6 +153,10 @@ class CudaPool {
   // The same with the offsets already in device memory (no index copy over the link).
   CudaResult GatherRowsDevice(const uint64_t* device_offsets, size_t rows, uint32_t row_bytes,
                               std::byte* device_dst);
+  // Token sums (serving::Device::SumRows, reference SumRowsHost): `sources` (tokens × per_token,
+  // host memory) name pool offsets or, with serving::kRowInBuffer, offsets into device_extra.
+  CudaResult SumRows(const uint64_t* sources, size_t tokens, uint32_t per_token, uint32_t dim,
+                     const std::byte* device_extra, float* device_dst);
   CudaResult ScatterKv(const serving::KvGeometry& geometry, const uint64_t* page_offsets,
                        const uint32_t* slots, size_t tokens, const std::byte* device_src);
   CudaResult Synchronize();

@@ -303,15 +303,19 @@ std::string CudaHstuRunner::Run(const CudaHstuStep* steps, size_t count) {
   uint32_t* pos_row = m.stage_pos.as<uint32_t>();
   uint32_t* cand_rows = m.stage_cand.as<uint32_t>();
   uint64_t* page_table = m.stage_pages.as<uint64_t>();
+  bool host_emb = false;  // some step's inputs are in host memory (staged, uploaded below)
   for (size_t i = 0, c = 0; i < count; ++i) {
     const CudaHstuStep& st = steps[i];
     const Plan& p = plans[i];
     const uint32_t total = st.cached + st.fresh;
-    if (st.fresh > 0) {
-      std::memcpy(emb + p.first_row * D, st.new_history_emb, uint64_t{st.fresh} * D * 4);
+    if (!st.emb_on_device) {
+      host_emb = true;
+      if (st.fresh > 0) {
+        std::memcpy(emb + p.first_row * D, st.new_history_emb, uint64_t{st.fresh} * D * 4);
+      }
+      std::memcpy(emb + (p.first_row + st.fresh) * D, st.candidate_emb,
+                  uint64_t{st.candidates} * D * 4);
     }
-    std::memcpy(emb + (p.first_row + st.fresh) * D, st.candidate_emb,
-                uint64_t{st.candidates} * D * 4);
     for (uint32_t t = 0; t < st.fresh; ++t) pos_row[p.first_row + t] = st.cached + t;
     for (uint32_t r = 0; r < st.candidates; ++r) {
       pos_row[p.first_row + st.fresh + r] = total;
@@ -321,7 +325,7 @@ std::string CudaHstuRunner::Run(const CudaHstuStep* steps, size_t count) {
   }
   cudaStream_t stream = m.stream;
   const std::tuple<void*, const void*, uint64_t> copies[] = {
-      {m.emb.p, m.stage_emb.p, rows * D * 4},
+      {m.emb.p, m.stage_emb.p, host_emb ? rows * D * 4 : 0},
       {m.pos_row.p, m.stage_pos.p, rows * 4},
       {m.pages.p, m.stage_pages.p, pages * 8},
       {m.cand_rows.p, m.stage_cand.p, cands * 4}};
@@ -330,6 +334,22 @@ std::string CudaHstuRunner::Run(const CudaHstuStep* steps, size_t count) {
     if (cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream);
         e != cudaSuccess) {
       return CudaError("cudaMemcpyAsync (inputs)", e);
+    }
+  }
+  // Inputs already on the device (after the upload above, which they overwrite in stream order).
+  for (size_t i = 0; i < count; ++i) {
+    const CudaHstuStep& st = steps[i];
+    if (!st.emb_on_device) continue;
+    float* dst = m.emb.as<float>() + plans[i].first_row * D;
+    const std::pair<const float*, uint64_t> parts[] = {{st.new_history_emb, st.fresh},
+                                                       {st.candidate_emb, st.candidates}};
+    for (const auto& [src, n] : parts) {
+      if (n == 0) continue;
+      if (cudaError_t e = cudaMemcpyAsync(dst, src, n * D * 4, cudaMemcpyDeviceToDevice, stream);
+          e != cudaSuccess) {
+        return CudaError("cudaMemcpyAsync (device inputs)", e);
+      }
+      dst += n * D;
     }
   }
   (void)cudaGetLastError();  // clear an earlier, unrelated error of this thread

@@ -21,7 +21,7 @@
 
 namespace hlem::cuda {
 
-// One request. Host pointers except `pool`.
+// One request. Host pointers except `pool` (and the embeddings when emb_on_device).
 struct CudaHstuStep {
   serving::KvGeometry geometry;            // fp32, layers and kv_dim as the model's
   std::byte* pool = nullptr;               // device address of the KV pool
@@ -32,7 +32,10 @@ struct CudaHstuStep {
   uint32_t candidates = 0;
   const float* new_history_emb = nullptr;  // fresh × D (summed feature rows)
   const float* candidate_emb = nullptr;    // candidates × D
-  float* scores = nullptr;                 // candidates × T, written
+  // The two embedding inputs are device addresses (the node sums them on the device:
+  // serving::Device::SumRows) rather than host ones: copied device to device, not uploaded.
+  bool emb_on_device = false;
+  float* scores = nullptr;  // candidates × T, written
 };
 
 struct CudaHstuRunnerOptions {
