@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
   std::string nodes_flag, listen = "127.0.0.1:0", metrics_listen = "127.0.0.1:0", ports_file,
                           health_listen, log_level = "info", policy = "hlem",
                           all_overloaded = "least_loaded";
-  double tau = 0.85, epsilon = 0.05, c_kv = 1, c_emb = 1, c_load = 1, speculative_ttl_ms = 2000,
+  double tau = 0.85, epsilon = 0, c_kv = 1, c_emb = 1, c_load = 1, speculative_ttl_ms = 2000,
          max_report_age_ms = 3000, in_flight_capacity = 64, startup_timeout_s = 60;
   uint64_t seed = 1;
   uint32_t top_k = 20, max_candidates = 512, max_history_events = 1 << 16;
@@ -85,7 +85,8 @@ int main(int argc, char** argv) {
   app.add_option("--policy", policy,
                  "hlem | round_robin | least_loaded | user_hash | kv_only | emb_only");
   app.add_option("--tau", tau, "load threshold τ")->check(CLI::Range(0.0, 1.0));
-  app.add_option("--epsilon", epsilon, "affinity bonus ε")->check(CLI::Range(0.0, 1.0));
+  app.add_option("--epsilon", epsilon, "affinity bonus ε for the user's last node (0: none)")
+      ->check(CLI::Range(0.0, 1.0));
   app.add_option("--c-kv", c_kv, "KV miss cost C_kv")->check(CLI::NonNegativeNumber);
   app.add_option("--c-emb", c_emb, "EMB miss cost C_emb")->check(CLI::NonNegativeNumber);
   app.add_option("--c-load", c_load, "load cost C_ld")->check(CLI::NonNegativeNumber);

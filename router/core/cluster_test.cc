@@ -17,7 +17,7 @@ class ClusterTest : public ::testing::Test {
   void SetUp() override { Build({}); }
   void Build(ClusterOptions o) {
     o.features = {{.table_id = 0, .residency_shard_rows = 100}};
-    o.scorer = {.c_kv = 2, .c_emb = 1, .c_load = 1};
+    o.scorer = {.c_kv = 2, .c_emb = 1, .c_load = 1, .epsilon = o.scorer.epsilon};
     cluster_ = *Cluster::Create(o, clock_);
     for (int i = 0; i < 3; ++i) {
       nodes_[i] = *cluster_->AddNode(absl::StrCat("n", i), absl::StrCat("addr", i));
@@ -95,6 +95,31 @@ TEST_F(ClusterTest, WeightsCanBeReplacedWhenValid) {
   ASSERT_TRUE(Event(2, {.kind = Kind::kEmbShardResident, .table_id = 0, .shard = 0}).ok());
   ASSERT_TRUE(Event(0, {.kind = Kind::kKvStored, .user_id = 7, .tokens = 5}).ok());
   EXPECT_EQ(cluster_->Route(7, History(), false).node_id, "n2");
+}
+
+// Once a user's K/V are gone from its last node, nothing is left to hold it there: by default the
+// router does not send it back to that node when another is less loaded (an affinity bonus did,
+// and queued first visits behind busy nodes: docs/router.md, "Why ε is 0").
+TEST_F(ClusterTest, AUserWhoseKvIsGoneGoesToTheLessLoadedNode) {
+  const RouteResult first = cluster_->Route(9, {}, false);
+  const int last = first.decision.node;
+  ASSERT_TRUE(Event(last, {.kind = Kind::kKvStored, .user_id = 9, .tokens = 5}).ok());
+  ASSERT_TRUE(Event(last, {.kind = Kind::kKvEvicted, .user_id = 9}).ok());
+  // `first` is still in flight there: its node is one request busier than the others.
+  const RouteResult again = cluster_->Route(9, {}, false);
+  EXPECT_NE(again.decision.node, last);
+  EXPECT_EQ(again.decision.h_kv, 0.0);
+  EXPECT_NE(again.decision.reason, Reason::kAffinity);
+  // With a bonus worth more than one request of load (the paper's ε 0.05), it goes back.
+  ClusterOptions sticky;
+  sticky.scorer.epsilon = 0.05;
+  Build(sticky);
+  const int held = cluster_->Route(9, {}, false).decision.node;
+  ASSERT_TRUE(Event(held, {.kind = Kind::kKvStored, .user_id = 9, .tokens = 5}).ok());
+  ASSERT_TRUE(Event(held, {.kind = Kind::kKvEvicted, .user_id = 9}).ok());
+  const RouteResult back = cluster_->Route(9, {}, false);
+  EXPECT_EQ(back.decision.node, held);
+  EXPECT_EQ(back.decision.reason, Reason::kAffinity);
 }
 
 TEST_F(ClusterTest, SpeculativeEntriesExpireUnlessConfirmed) {

@@ -39,8 +39,11 @@ enum class AllOverloaded : uint8_t { kLeastLoaded, kShed };
 struct ScorerOptions {
   // Miss costs (any unit, e.g. seconds per miss); the weights are their shares.
   double c_kv = 1, c_emb = 1, c_load = 1;
-  double tau = 0.85;      // load threshold
-  double epsilon = 0.05;  // affinity bonus
+  double tau = 0.85;  // load threshold
+  // Affinity bonus for the user's last node. 0 by default: the speculative K/V entry already
+  // holds a user to its node while its K/V may be there, and a bonus beyond that sent users whose
+  // K/V were gone back to busy nodes (P99 +3 to +18 % in the twin; docs/router.md, "Why ε is 0").
+  double epsilon = 0;
   AllOverloaded all_overloaded = AllOverloaded::kLeastLoaded;
 };
 
