@@ -1,6 +1,7 @@
 // A whole serving node on the GPU (LocalNode with the `cuda` device and the CUDA model runner, as
 // NodeStack builds it for memory.device: cuda): embedding misses copied into the cudaMalloc'd
-// pool, hits gathered by the kernel, K/V pages in the pool, the HSTU forward on the GPU. Its
+// pool, each token's rows summed there (SumRows), K/V pages in the pool, the HSTU forward on the
+// GPU reading its inputs in place. Its
 // scores must be the model's (HstuForwardHost over the same weights and the table rows) for a
 // returning user whose K/V are reused and for a batch of users. Skipped without a GPU (CI); the
 // GPU host runs it from the bundle (scripts/gpu-check.sh --bundle / --tests). No torch.
@@ -129,6 +130,41 @@ TEST_F(CudaNodeTest, AReturningUserReusesItsKvAndScoresAsTheModel) {
     ExpectClose(got->scores, Want(history, cand), absl::StrCat("request ", request));
   }
   EXPECT_EQ(node_->device->name().rfind("cuda:", 0), 0u) << node_->device->name();
+}
+
+// A step the runner would misread is refused before any GPU work, with the step and the field
+// named and the code the ModelRunner interface promises.
+TEST_F(CudaNodeTest, TheRunnerRefusesBadStepsNamingThem) {
+  const HstuFlatShape shape = NodeShape();
+  KvGeometry g{
+      .layers = shape.layers, .kv_dim = shape.kv_dim(), .dtype_bytes = 4, .page_bytes = 64 << 10};
+  g.page_tokens = static_cast<uint32_t>(g.page_bytes / g.token_bytes());
+  std::vector<float> emb(3 * shape.dim), scores(2 * shape.targets);
+  const std::vector<uint64_t> pages = {0};
+  std::byte* pool = static_cast<CudaDevice&>(*node_->device).cuda_pool().pool();
+  const ModelStep good{.kv = {g, pool, pages},
+                       .cached_len = 0,
+                       .new_history_emb = {emb.data(), shape.dim},
+                       .candidate_emb = {emb.data() + shape.dim, 2 * shape.dim},
+                       .scores = scores};
+  auto refused = [&](ModelStep bad, absl::StatusCode code, const std::string& want) {
+    const std::vector<ModelStep> steps = {good, bad};
+    const absl::Status st = runner_->Run(steps);
+    EXPECT_EQ(st.code(), code) << st;
+    EXPECT_NE(st.message().find(want), std::string::npos) << st;
+  };
+  ModelStep bad = good;
+  bad.candidate_emb = {emb.data(), shape.dim + 1};
+  refused(bad, absl::StatusCode::kInvalidArgument, "step 1: embeddings are not a whole number");
+  bad = good;
+  bad.cached_len = shape.max_positions;
+  refused(bad, absl::StatusCode::kOutOfRange, "step 1: history of");
+  bad = good;
+  bad.scores = {scores.data(), 1};
+  refused(bad, absl::StatusCode::kInvalidArgument, "step 1: scores");
+  bad = good;
+  bad.kv.geometry.kv_dim += 1;
+  refused(bad, absl::StatusCode::kInvalidArgument, "step 1: kv pages");
 }
 
 TEST_F(CudaNodeTest, ABatchOfUsersScoresAsTheModel) {
