@@ -115,6 +115,11 @@ if [ -n "$tests" ] && [ -d "$tests/bench" ]; then
     LD_LIBRARY_PATH="$tests/lib:$cuda_lib" timeout 300 "$b" --requests "$requests" \
       --costs-out "$root/sim/costs" || rc=1
   done
+  if [ -x "$tests/bench/gpu_node_benchmark" ]; then
+    echo "== the same requests on the cpu device with no model: the host's own work here =="
+    LD_LIBRARY_PATH="$tests/lib:$cuda_lib" timeout 300 "$tests/bench/gpu_node_benchmark" \
+      --device cpu --requests "$requests" || rc=1
+  fi
 fi
 if [ -n "${OUT:-}" ]; then
   mkdir -p "$OUT"
