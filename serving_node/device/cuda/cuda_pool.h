@@ -19,8 +19,8 @@
 //   callbacks) fail at once with "pool closing". Never destroy the pool from one of its callbacks
 //   (it would wait for itself).
 // - Kernels (GatherRows, SumRows, ScatterKv) on one compute stream created with the highest
-// priority, in
-//   issue order; Synchronize waits for them. Their semantics are those of gather_scatter.h.
+//   priority, in issue order; Synchronize waits for them. Their semantics are those of
+//   gather_scatter.h.
 //
 // Errors are returned as CudaResult (ok, or a message that names the call and CUDA's error).
 // Thread-safe.
