@@ -519,7 +519,11 @@ TEST(ControlTest, RecoveryStaysSilentOnASteadyTraceAndDecisionsReachTheNodes) {
   for (const ControlRecord& r : records) {
     EXPECT_EQ(r.reason, allocator::Reason::kStatic) << "window " << r.window << ": " << r.detail;
   }
-  EXPECT_EQ(run(0.3).size(), records.size());
+  // Another α on the same trace: every node decides every closed window again (one window more
+  // or less per node: the last answers land at another time, and the last window closes or not).
+  const size_t other = run(0.3).size();
+  EXPECT_GE(other, 4u * 38);
+  EXPECT_LE(other > records.size() ? other - records.size() : records.size() - other, 4u);
 }
 
 TEST(CostModelTest, NewFieldsRoundTripAndBadOnesNameTheField) {
