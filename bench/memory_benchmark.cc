@@ -5,6 +5,8 @@
 //       contiguous buffer. flat_gather: the same rows memcpy'd out of one flat array of the same
 //       size (the limit). index_floor: a one-line-probe read-only hash table (row -> offset) in
 //       front of the same gather: what any index that must be probed per row costs at least.
+//       <policy>_lookup_only: the Lookup alone; <policy>_pinned: the node's Lookup with pin and
+//       the Unpin after (the pipeline pins a request's hits until they are summed).
 //       Tables of 1 GiB (4 Mi rows of 256 B, 512 Ki rows of 2 KiB) in a pool of
 //       2 MiB pages that holds them all.
 //   emb_shrink/<policy>  EmbCache::Shrink of 10 % of an 80 GB pool of 2 MiB pages (4096 of 40 960
@@ -317,7 +319,7 @@ void EmbHitFloor(benchmark::State& state, const Sizes* sz, uint32_t row_bytes) {
 // lookup_only: EmbCache::Lookup without the gather, to split the index and policy cost from the
 // byte copy.
 void EmbHitCached(benchmark::State& state, const Sizes* sz, uint32_t row_bytes, EmbPolicy policy,
-                  bool lookup_only) {
+                  bool lookup_only, bool pinned) {
   std::string error;
   HitWorld* w = GetHitWorld(*sz, row_bytes, &error);
   if (w == nullptr) {
@@ -333,12 +335,16 @@ void EmbHitCached(benchmark::State& state, const Sizes* sz, uint32_t row_bytes, 
   }
   for (auto _ : state) {
     if (lookup_only) {
-      if (!t.cache->Lookup(kTable, NextBatch(w->ids, &cursor), &result).ok() ||
-          result.hits != kBatch) {
+      const std::span<const uint64_t> batch = NextBatch(w->ids, &cursor);
+      if (!t.cache->Lookup(kTable, batch, &result, pinned).ok() || result.hits != kBatch) {
         state.SkipWithError("a row of the batch missed");
         break;
       }
       benchmark::DoNotOptimize(result.offsets.data());
+      if (pinned && !t.cache->Unpin(result.pinned).ok()) {
+        state.SkipWithError("a hit was not pinned");
+        break;
+      }
       continue;
     }
     if (!CachedGather(t, row_bytes, NextBatch(w->ids, &cursor), &result, out.data())) {
@@ -891,12 +897,13 @@ int Main(int argc, char** argv) {
     benchmark::RegisterBenchmark(HitName(rb, "index_floor").c_str(), EmbHitFloor, &sz, rb)
         ->UseRealTime()
         ->Unit(benchmark::kMicrosecond);
-    for (bool lookup_only : {false, true}) {
+    for (int mode = 0; mode < 3; ++mode) {  // gather, lookup only, pinned lookup + unpin
+      const bool lookup_only = mode > 0, pinned = mode == 2;
       for (EmbPolicy policy : {EmbPolicy::kLru, EmbPolicy::kTinyLfu}) {
         std::string variant = serving::EmbPolicyName(policy);
-        if (lookup_only) variant += "_lookup_only";
+        if (lookup_only) variant += pinned ? "_pinned" : "_lookup_only";
         benchmark::RegisterBenchmark(HitName(rb, variant).c_str(), EmbHitCached, &sz, rb, policy,
-                                     lookup_only)
+                                     lookup_only, pinned)
             ->UseRealTime()
             ->Unit(benchmark::kMicrosecond);
       }

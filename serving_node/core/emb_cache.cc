@@ -81,6 +81,7 @@ absl::Status EmbCache::Lookup(uint32_t table_id, std::span<const uint64_t> rows,
   out->offsets.resize(n);
   out->miss_positions.clear();
   out->pending_positions.clear();
+  out->pinned.clear();
   out->hits = 0;
   if (policy_kind_ == EmbPolicy::kTinyLfu) {
     scratch_hashes_.resize(n);
@@ -117,16 +118,15 @@ absl::Status EmbCache::Lookup(uint32_t table_id, std::span<const uint64_t> rows,
           continue;
         }
         out->offsets[i] = SlotOffset(x.page, x.slot, c.row_bytes);
-        if (x.pins == 0) {  // a pinned entry is out of the lists until its last Unpin
-          c.policy->Touch(e);
-          FlushStaleFoundLocked();
-          if (pin) {
-            c.policy->Detach(e);
+        c.policy->Touch(e);
+        FlushStaleFoundLocked();
+        if (pin) {
+          if (store_->entries[e].pins++ == 0) {
             ++pages_[x.page].pinned;
             ++pinned_entries_;
           }
+          out->pinned.push_back(e);
         }
-        if (pin) ++store_->entries[e].pins;
         TouchPageLocked(x.page);
         ++out->hits;
         continue;
@@ -200,7 +200,7 @@ absl::StatusOr<uint64_t> EmbCache::InsertLocked(uint32_t cls, uint32_t table_id,
     if (!store_->IsStale(e)) {
       EmbEntry& x = store_->entries[e];
       if (x.detached && was_pending != nullptr) *was_pending = reserved_.contains(e);
-      if (!x.detached && x.pins == 0) {  // in the lists (a pinned entry is no victim anyway)
+      if (!x.detached) {
         c.policy->Touch(e);
         FlushStaleFoundLocked();
         if (detach) {
@@ -292,6 +292,18 @@ absl::Status EmbCache::TakeSlotLocked(uint32_t cls, PageId* page, uint32_t* slot
   }
   EntryId victim = c.policy->Victim();
   FlushStaleFoundLocked();
+  // A pinned entry is being read: it goes to the recent end of its list, as a hit would, and the
+  // policy names another. Once every pinned entry has been passed over, none is left to pass.
+  for (uint64_t passed = 0; victim != kNil && store_->entries[victim].pins > 0; ++passed) {
+    if (passed >= pinned_entries_) {
+      victim = kNil;
+      break;
+    }
+    c.policy->Detach(victim);
+    c.policy->Attach(victim);
+    victim = c.policy->Victim();
+    FlushStaleFoundLocked();
+  }
   if (victim == kNil) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "EmbCache: no slot for rows of ", c.row_bytes, " bytes (budget ", budget_pages_, " pages, ",

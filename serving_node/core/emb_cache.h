@@ -52,9 +52,10 @@
 // or Abort; the offsets one InsertBatch returns are distinct and valid
 // together (the batch never evicts a row it returned). A caller that reads hit slots later, while
 // other admissions and α moves go on (the node sums a request's rows after admitting its misses),
-// pins them: Lookup with `pin` takes every hit out of the policy's lists (no victim) and keeps its
-// page from being given back (as a pending entry does) until Unpin. Without a pin, the caller
-// orders its reads against admissions.
+// pins them: a pinned entry stays in the policy's lists, but when the policy names it as the
+// victim it goes to the recent end instead (it is being read) and the policy names another; its
+// page is not given back (as with a pending entry) until Unpin. Without a pin, the caller orders
+// its reads against admissions.
 //
 // Ownership: the cache borrows the pool and the clock (both outlive it); it owns the pages it
 // holds and frees them to the pool when destroyed (after every copy into them has completed).
@@ -118,6 +119,8 @@ struct EmbLookupResult {
   // hits and not in miss_positions: the caller waits for that copy rather than fetching again.
   std::vector<uint32_t> pending_positions;
   uint32_t hits = 0;
+  // With Lookup's `pin`: one handle per hit position, for Unpin.
+  std::vector<uint32_t> pinned;
 };
 
 // What ReserveBatch did for each row.
@@ -177,16 +180,16 @@ class EmbCache {
   }
 
   // Looks up every row of one table. Hits refresh recency (and frequency); misses are listed.
-  // With `pin`, every hit position also pins its row (see the header comment): its offset stays
-  // valid until the caller Unpins it, once per hit position. INVALID_ARGUMENT for an unknown
-  // table.
+  // With `pin`, every hit position also pins its row (see the header comment) and adds a handle to
+  // out->pinned: the offset stays valid until that handle is given to Unpin. INVALID_ARGUMENT for
+  // an unknown table.
   absl::Status Lookup(uint32_t table_id, std::span<const uint64_t> rows, EmbLookupResult* out,
                       bool pin = false);
-  // Releases one pin of each row (a Lookup with `pin` hit it); a row's last pin puts it back in
-  // the policy's lists, most recent, and gives back its page if the budget has dropped below the
-  // pages held. FAILED_PRECONDITION when some row was not pinned (the others are unpinned);
-  // INVALID_ARGUMENT for an unknown table.
-  absl::Status Unpin(uint32_t table_id, std::span<const uint64_t> rows);
+  // Releases pins by their handles (EmbLookupResult::pinned), each exactly once; a page whose last
+  // pin goes is given back if the budget has dropped below the pages held. FAILED_PRECONDITION
+  // when some handle holds no pin (the others are released). No hashing: a handle names its
+  // entry, which cannot change while pinned.
+  absl::Status Unpin(std::span<const uint32_t> pinned);
 
   // Admits a row and returns the offset of its slot, where the caller writes the row's bytes.
   // A resident row keeps its slot (its recency is refreshed). Takes a never-used slot on a page

@@ -111,32 +111,24 @@ absl::Status EmbCache::Abort(uint32_t table_id, std::span<const uint64_t> rows) 
                         });
 }
 
-absl::Status EmbCache::Unpin(uint32_t table_id, std::span<const uint64_t> rows) {
+absl::Status EmbCache::Unpin(std::span<const uint32_t> pinned) {
   absl::MutexLock lock(&mu_);
-  auto cit = table_class_.find(table_id);
-  if (cit == table_class_.end()) {
-    return absl::InvalidArgumentError(absl::StrCat("EmbCache::Unpin: unknown table ", table_id));
-  }
   uint64_t not_pinned = 0;
-  for (uint64_t row : rows) {
-    auto it = index_.find(Key{table_id, row});
-    // A pinned entry is neither evicted nor made stale, so it is the one the Lookup pinned.
-    if (it == index_.end() || store_->entries[it->second].pins == 0) {
+  for (const EntryId e : pinned) {
+    if (e >= store_->entries.size() || !store_->entries[e].in_use || store_->entries[e].pins == 0) {
       ++not_pinned;
       continue;
     }
-    const EntryId e = it->second;
     EmbEntry& x = store_->entries[e];
     if (--x.pins > 0) continue;
     --pages_[x.page].pinned;
     --pinned_entries_;
-    classes_[cit->second].policy->Attach(e);
   }
   GiveBackExcessLocked();
   UpkeepLocked();
   if (not_pinned > 0) {
     return absl::FailedPreconditionError(absl::StrCat("EmbCache::Unpin: ", not_pinned, " of ",
-                                                      rows.size(), " rows were not pinned"));
+                                                      pinned.size(), " handles held no pin"));
   }
   return absl::OkStatus();
 }

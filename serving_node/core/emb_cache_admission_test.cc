@@ -210,9 +210,18 @@ TEST_P(EmbCacheAdmissionTest, APinnedHitIsNeitherEvictedNorGivenBackUntilUnpinne
   EmbLookupResult r;
   ASSERT_TRUE(cache->Lookup(0, std::vector<uint64_t>{3, 99}, &r, /*pin=*/true).ok());
   ASSERT_EQ(r.hits, 1u);
+  ASSERT_EQ(r.pinned.size(), 1u);
   const uint64_t slot = r.offsets[0];
+  const std::vector<uint32_t> first_pin = r.pinned;
   ASSERT_TRUE(cache->Lookup(0, std::vector<uint64_t>{3}, &r, /*pin=*/true).ok());  // pinned twice
+  const std::vector<uint32_t> second_pin = r.pinned;
   EXPECT_EQ(cache->GetStats().pinned_entries, 1u);
+  // Row 3 the coldest of all: the policy names it first, and passes over it.
+  for (uint64_t row = 0; row < 16; ++row) {
+    if (row != 3) {
+      ASSERT_TRUE(cache->Lookup(0, std::vector<uint64_t>{row}, &r).ok());
+    }
+  }
   // 40 new rows through a 16-slot cache: every other row goes, row 3 stays where it was.
   for (uint64_t row = 100; row < 140; ++row) {
     absl::StatusOr<uint64_t> off = cache->Insert(0, row);
@@ -227,28 +236,31 @@ TEST_P(EmbCacheAdmissionTest, APinnedHitIsNeitherEvictedNorGivenBackUntilUnpinne
   EXPECT_TRUE(freed.empty());
   EXPECT_EQ(cache->GetStats().pages_held, 1u);
   ExpectInvariants(*cache);
-  ASSERT_TRUE(cache->Unpin(0, std::vector<uint64_t>{3}).ok());
+  ASSERT_TRUE(cache->Unpin(first_pin).ok());
   EXPECT_EQ(cache->GetStats().pages_held, 1u);  // one pin left
   EXPECT_EQ(cache->Peek(0, 3), slot);
-  ASSERT_TRUE(cache->Unpin(0, std::vector<uint64_t>{3}).ok());
+  ASSERT_TRUE(cache->Unpin(second_pin).ok());
   EXPECT_EQ(cache->GetStats().pages_held, 0u);
   EXPECT_EQ(cache->GetStats().pinned_entries, 0u);
   EXPECT_EQ(pool->pages_owned(PageOwner::kEmb), 0u);
   ExpectInvariants(*cache);
 }
 
-TEST_P(EmbCacheAdmissionTest, UnpinRefusesRowsThatAreNotPinned) {
+TEST_P(EmbCacheAdmissionTest, UnpinRefusesHandlesThatHoldNoPin) {
   SimClock clock;
   auto pool = MakePool(4, 4096);
   auto cache = MakeCache(*pool, clock, OneTable(256, 1, GetParam()));
   ASSERT_TRUE(cache->Insert(0, 5).ok());
   EmbLookupResult r;
   ASSERT_TRUE(cache->Lookup(0, std::vector<uint64_t>{5}, &r, /*pin=*/true).ok());
-  const absl::Status st = cache->Unpin(0, std::vector<uint64_t>{5, 6, 5});
+  ASSERT_EQ(r.pinned.size(), 1u);
+  // The handle twice (its second release finds no pin) and a handle no entry has.
+  const absl::Status st = cache->Unpin(std::vector<uint32_t>{r.pinned[0], r.pinned[0], 1u << 30});
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(st.message().find("2 of 3 rows were not pinned"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("2 of 3 handles held no pin"), std::string::npos) << st;
   EXPECT_EQ(cache->GetStats().pinned_entries, 0u);  // the pinned one was released
-  EXPECT_EQ(cache->Unpin(7, std::vector<uint64_t>{5}).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(cache->Lookup(0, std::vector<uint64_t>{5}, &r).ok());
+  EXPECT_TRUE(r.pinned.empty());  // no pin asked, no handle
   ExpectInvariants(*cache);
 }
 
@@ -317,6 +329,7 @@ TEST_P(EmbCacheAdmissionTest, RandomInterleavingsServeOnlyTheRightBytes) {
   struct Reader {
     uint32_t table;
     std::vector<uint64_t> rows, offsets;
+    std::vector<uint32_t> handles;
   };
   std::vector<Reader> readers;
   std::map<std::pair<uint32_t, uint64_t>, int> pins;  // pinned rows and their pin counts
@@ -328,7 +341,7 @@ TEST_P(EmbCacheAdmissionTest, RandomInterleavingsServeOnlyTheRightBytes) {
       if (--pins[{rd.table, rd.rows[i]}] == 0) pins.erase({rd.table, rd.rows[i]});
       ++pinned_reads;
     }
-    ASSERT_TRUE(cache->Unpin(rd.table, rd.rows).ok()) << "step " << step;
+    ASSERT_TRUE(cache->Unpin(rd.handles).ok()) << "step " << step;
   };
   std::vector<PageId> kv_pages;
   uint64_t hits = 0, pending_seen = 0;
@@ -360,6 +373,10 @@ TEST_P(EmbCacheAdmissionTest, RandomInterleavingsServeOnlyTheRightBytes) {
             ++pins[{t, rows[i]}];
           }
         }
+        if (pin) {
+          ASSERT_EQ(r.pinned.size(), rd.rows.size()) << "step " << step;
+        }
+        rd.handles = r.pinned;
         if (!rd.rows.empty()) readers.push_back(std::move(rd));
         for (uint32_t i : r.pending_positions) {
           ASSERT_TRUE(pending.contains({t, rows[i]})) << "step " << step << " row " << rows[i];

@@ -35,7 +35,7 @@ struct EmbEntry {
   uint8_t segment = 0;  // policy use
   bool in_use = false;
   bool detached = false;  // taken out of the policy lists for the rest of an InsertBatch
-  uint16_t pins = 0;      // readers between EmbCache::Lookup(pin) and Unpin: out of the lists
+  uint16_t pins = 0;      // readers between EmbCache::Lookup(pin) and Unpin: passed over as victim
   uint64_t row = 0;
   uint32_t table_id = 0;
   EntryId prev = kNil;  // policy list links

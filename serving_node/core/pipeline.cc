@@ -236,9 +236,9 @@ absl::Status Pipeline::Embed(std::span<const uint64_t> ids, absl::Time deadline,
   };
   // The hits stay pinned until they are summed: this request's own admissions, the refill and
   // an α move would otherwise be free to hand their slots to other rows meanwhile.
-  std::vector<std::pair<uint32_t, std::vector<uint64_t>>> pinned;  // (table, rows)
+  std::vector<uint32_t> pinned;  // EmbCache pin handles
   absl::Cleanup unpin = [&] {
-    for (const auto& [table, rows] : pinned) (void)emb_.Unpin(table, rows);
+    if (!pinned.empty()) (void)emb_.Unpin(pinned);
   };
   EmbLookupResult lookup;
   std::vector<std::byte> fetched;
@@ -248,14 +248,13 @@ absl::Status Pipeline::Embed(std::span<const uint64_t> ids, absl::Time deadline,
     if (absl::Status st = emb_.Lookup(table, rows, &lookup, /*pin=*/true); !st.ok()) {
       return abandon(st);
     }
-    pinned.emplace_back(table, std::vector<uint64_t>());
+    pinned.insert(pinned.end(), lookup.pinned.begin(), lookup.pinned.end());
     if (sketch_ != nullptr) sketch_->RecordBatch(table, rows);
     if (options_.on_lookup) options_.on_lookup(table, rows);
     info->emb_hits += lookup.hits;
     for (size_t k = 0; k < rows.size(); ++k) {
       if (lookup.offsets[k] == kEmbMiss) continue;
       source[members[k]] = lookup.offsets[k];
-      pinned.back().second.push_back(rows[k]);
     }
     // Misses, and rows another request is copying in (fetched too rather than waited for).
     std::vector<uint32_t> need;
