@@ -131,7 +131,12 @@ Decision ScoreRoute(std::span<const NodeSignal> nodes, int affinity, const Weigh
     return w.kv * nodes[i].h_kv + w.emb * nodes[i].h_emb + w.load * (1 - nodes[i].load);
   };
   auto score = [&](int i) { return base(i) + (nodes[i].node == affinity ? options.epsilon : 0.0); };
-  const int best = ArgMax(nodes, score, rng);
+  int best = ArgMax(nodes, score, rng);
+  // A tie goes to the user's last node rather than to chance, also with ε 0: what the signals do
+  // not show yet (rows in flight, K/V a report has not confirmed) is likelier there.
+  for (int i = 0; i < static_cast<int>(nodes.size()); ++i) {
+    if (nodes[i].node == affinity && i != best && score(i) >= score(best) - kTie) best = i;
+  }
   const bool all_over = std::all_of(nodes.begin(), nodes.end(),
                                     [&](const NodeSignal& n) { return n.load > options.tau; });
   if (all_over) {

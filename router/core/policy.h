@@ -43,6 +43,7 @@ struct ScorerOptions {
   // Affinity bonus for the user's last node. 0 by default: the speculative K/V entry already
   // holds a user to its node while its K/V may be there, and a bonus beyond that sent users whose
   // K/V were gone back to busy nodes (P99 +3 to +18 % in the twin; docs/router.md, "Why ε is 0").
+  // Exact ties go to the last node whatever ε is.
   double epsilon = 0;
   AllOverloaded all_overloaded = AllOverloaded::kLeastLoaded;
 };

@@ -71,6 +71,18 @@ TEST(PolicyTest, AffinityBreaksTiesAndTiesAreSeeded) {
   Decision d = ScoreRoute(tied, 2, w, Options(), rng);
   EXPECT_EQ(d.node, 2);
   EXPECT_EQ(d.reason, Reason::kAffinity);
+  // With no bonus (ε 0, the default), a tie still goes to the user's last node, every time.
+  ScorerOptions no_bonus = Options();
+  no_bonus.epsilon = 0;
+  for (int i = 0; i < 50; ++i) {
+    d = ScoreRoute(tied, 1, w, no_bonus, rng);
+    EXPECT_EQ(d.node, 1);
+    EXPECT_EQ(d.reason, Reason::kAffinity);
+  }
+  // ... and a node better by anything at all wins over it.
+  std::vector<NodeSignal> better = tied;
+  better[0].load = 0.09;
+  EXPECT_EQ(ScoreRoute(better, 1, w, no_bonus, rng).node, 0);
   // Without affinity every tied node is chosen sometimes, and a seed repeats its choices.
   std::set<int> chosen;
   std::vector<int> first, second;
