@@ -57,20 +57,26 @@ struct SimFlags {
 int SimFail(absl::string_view what, const absl::Status& st) { return tools::Fail("sim", what, st); }
 
 absl::StatusOr<SimSetup> Prepare(const SimFlags& f) {
-  return PrepareSim({.trace = f.trace,
-                     .node_config = f.node_config,
-                     .costs = f.costs,
-                     .router = f.router,
-                     .nodes = f.nodes,
-                     .emb_sample = f.emb_sample,
-                     .history_sketch = f.history_sketch,
-                     .calibrate_costs = f.calibrate_costs,
-                     .controller = {.name = f.controller, .weights = f.weights, .alpha = f.alpha},
-                     .slo_ms = f.slo_ms,
-                     .warmup_s = f.warmup_s,
-                     .faults = f.faults,
-                     .fault_detection_s = f.fault_detection_s,
-                     .deadline_ms = f.deadline_ms});
+  // Field by field rather than one designated-initializer temporary: GCC 12 at -O3 (the main
+  // job's release build) warns that the temporary's nested strings "may be used uninitialized".
+  SimSetupOptions o;
+  o.trace = f.trace;
+  o.node_config = f.node_config;
+  o.costs = f.costs;
+  o.router = f.router;
+  o.nodes = f.nodes;
+  o.emb_sample = f.emb_sample;
+  o.history_sketch = f.history_sketch;
+  o.calibrate_costs = f.calibrate_costs;
+  o.controller.name = f.controller;
+  o.controller.weights = f.weights;
+  o.controller.alpha = f.alpha;
+  o.slo_ms = f.slo_ms;
+  o.warmup_s = f.warmup_s;
+  o.faults = f.faults;
+  o.fault_detection_s = f.fault_detection_s;
+  o.deadline_ms = f.deadline_ms;
+  return PrepareSim(o);
 }
 
 int WriteFile(const std::string& path, const std::string& body) {
