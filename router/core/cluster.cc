@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/shed.h"
 
 namespace hlem::router {
 
@@ -495,6 +496,17 @@ ClusterStats Cluster::Stats() const {
   bytes += table(users_.capacity(), sizeof(std::pair<uint64_t, UserEntry>));
   s.index_bytes = bytes;
   return s;
+}
+
+bool RetryElsewhere(const absl::Status& failed) {
+  switch (failed.code()) {
+    case absl::StatusCode::kUnavailable:
+      return true;
+    case absl::StatusCode::kResourceExhausted:
+      return !IsShedLate(failed);
+    default:
+      return false;
+  }
 }
 
 }  // namespace hlem::router

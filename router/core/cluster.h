@@ -190,4 +190,11 @@ class Cluster {
   std::vector<uint32_t> emb_counts_ ABSL_GUARDED_BY(mu_);  // scratch, by node index
 };
 
+// Whether a request that failed on a node goes to another (the router's one retry): yes for
+// UNAVAILABLE (the node is down, draining or unreachable) and for RESOURCE_EXHAUSTED refused at
+// admission; no for a late shed (common/shed.h: it waited out the node's max_delay; a second
+// queue would answer it past its SLO with capacity the cluster lacks) and for every other code
+// (the request's own error, its deadline).
+bool RetryElsewhere(const absl::Status& failed);
+
 }  // namespace hlem::router

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
+#include "common/shed.h"
 #include "gtest/gtest.h"
 
 namespace hlem::router {
@@ -235,6 +236,20 @@ TEST_F(ClusterTest, IndexMemoryAt32NodesAnd6000UsersEach) {
   // Snapshots size filters for 1.25 × the users: 7 500 → 16 KiB each.
   RecordProperty("index_bytes", std::to_string(st.index_bytes));
   EXPECT_LE(st.index_bytes / 32, 100u << 10);
+}
+
+// Which failures get the router's one retry on another node (common/shed.h).
+TEST(RetryElsewhereTest, RetriesNodesDownAndAdmissionRefusalsOnly) {
+  EXPECT_TRUE(RetryElsewhere(absl::UnavailableError("connection refused")));
+  EXPECT_TRUE(RetryElsewhere(absl::ResourceExhaustedError("the node's queue is full")));
+  EXPECT_FALSE(RetryElsewhere(ShedLateError("waited 45ms in its queue")));
+  EXPECT_FALSE(RetryElsewhere(MarkShedLate(absl::ResourceExhaustedError("read off the wire"))));
+  EXPECT_FALSE(RetryElsewhere(absl::InvalidArgumentError("history: too long")));
+  EXPECT_FALSE(RetryElsewhere(absl::DeadlineExceededError("deadline passed while queued")));
+  EXPECT_FALSE(RetryElsewhere(absl::OkStatus()));
+  // The mark means something only on RESOURCE_EXHAUSTED.
+  EXPECT_FALSE(IsShedLate(MarkShedLate(absl::UnavailableError("draining"))));
+  EXPECT_TRUE(RetryElsewhere(MarkShedLate(absl::UnavailableError("draining"))));
 }
 
 }  // namespace

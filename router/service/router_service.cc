@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "common/shed.h"
 
 namespace hlem::router {
 
@@ -177,10 +178,15 @@ grpc::Status RouterServiceImpl::Route(grpc::ServerContext* context,
       response->set_total_seconds(absl::ToDoubleSeconds(absl::Now() - received));
       return grpc::Status::OK;
     }
-    const grpc::StatusCode code = last.error_code();
-    if (code != grpc::StatusCode::UNAVAILABLE && code != grpc::StatusCode::RESOURCE_EXHAUSTED) {
-      return last;  // the request's own error (bad input, delta prefix, deadline)
+    // The request's own error (bad input, delta prefix, deadline) and a late shed go back as
+    // they are; a node down or refusing at admission gets the request's one retry.
+    absl::Status failed = FromGrpcStatus(last);
+    const auto& trailers = node_context.GetServerTrailingMetadata();
+    if (auto it = trailers.find(kShedMetadataKey);
+        it != trailers.end() && it->second == kShedLateValue) {
+      failed = MarkShedLate(std::move(failed));
     }
+    if (!RetryElsewhere(failed)) return last;
   }
   return last;
 }

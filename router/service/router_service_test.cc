@@ -1,5 +1,6 @@
 // The router's gRPC service in-process over a fake node (a gRPC server on loopback whose Infer
-// waits until released): the door limit (--max-in-flight) and the frontend token.
+// waits until released): the door limit (--max-in-flight) and the frontend token; over refusing
+// nodes, which refusals the router retries elsewhere.
 #include "router/service/router_service.h"
 
 #include <atomic>
@@ -13,6 +14,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/clock.h"
 #include "common/grpc_server.h"
+#include "common/shed.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -165,6 +167,58 @@ TEST_F(RouterServiceTest, FrontendTokenIsRequired) {
   EXPECT_EQ(call(token), grpc::StatusCode::OK);
   EXPECT_EQ(node_.calls(), 1);  // the refused never reached the node
   (*server)->Shutdown();
+}
+
+// Refuses every Infer with RESOURCE_EXHAUSTED: at admission, or (late) marked the way the node
+// service marks a request shed after waiting out its max_delay (common/shed.h).
+class RefusingNode final : public v1::ServingNode::Service {
+ public:
+  explicit RefusingNode(bool late) : late_(late) {}
+  grpc::Status Infer(grpc::ServerContext* context, const v1::InferRequest*,
+                     v1::InferResponse*) override {
+    calls_.fetch_add(1);
+    if (late_) context->AddTrailingMetadata(kShedMetadataKey, kShedLateValue);
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, late_ ? "waited" : "queue full");
+  }
+  int calls() const { return calls_.load(); }
+
+ private:
+  const bool late_;
+  std::atomic<int> calls_{0};
+};
+
+// A node that refuses at admission is retried on the other node (and the client gets the second
+// refusal); a late shed is not: the client gets it after one node call.
+TEST(RouterRetryTest, ALateShedIsNotRetriedElsewhere) {
+  for (const bool late : {false, true}) {
+    SCOPED_TRACE(late ? "late" : "at admission");
+    RealClock clock;
+    RefusingNode nodes[2] = {RefusingNode(late), RefusingNode(late)};
+    std::vector<std::unique_ptr<GrpcServer>> servers;
+    ClusterOptions c;
+    c.features = {{.table_id = 0, .residency_shard_rows = 64}};
+    auto cluster = Cluster::Create(c, clock);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    RouterServiceImpl service({.features = 1}, **cluster);
+    for (int i = 0; i < 2; ++i) {
+      auto server = GrpcServer::Create({.listen = "127.0.0.1:0"}, {&nodes[i]});
+      ASSERT_TRUE(server.ok()) << server.status();
+      const int index = *(*cluster)->AddNode(absl::StrCat("node-", i), absl::StrCat("node-", i));
+      serving::ResidencySnapshot snapshot;
+      snapshot.epoch = 1;
+      (*cluster)->Reset(index, snapshot);
+      service.SetNodeStub(index, v1::ServingNode::NewStub(
+                                     MakeChannel(absl::StrCat("127.0.0.1:", (*server)->port()))));
+      servers.push_back(std::move(*server));
+    }
+    grpc::ServerContext context;
+    const v1::RecommendRequest request = Request(7);
+    v1::RecommendResponse response;
+    const grpc::Status st = service.Recommend(&context, &request, &response);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_EQ(nodes[0].calls() + nodes[1].calls(), late ? 1 : 2);
+    for (auto& server : servers) server->Shutdown();
+  }
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "common/clock.h"
 #include "common/rng.h"
+#include "common/shed.h"
 #include "gtest/gtest.h"
 #include "serving_node/core/emb_cache.h"
 #include "serving_node/core/hbm_pool.h"
@@ -441,9 +442,11 @@ TEST_F(PipelineTest, QueueRefusesWhileItsOldestRequestHasWaitedTooLong) {
   runner_.SetGate(false);  // the model holds the first request
   absl::Mutex mu;
   std::vector<absl::StatusCode> codes;
+  int marked_late = 0;  // refusals carrying the late-shed mark (common/shed.h)
   auto record = [&](absl::StatusOr<InferOutput> r) {
     absl::MutexLock lock(&mu);
     codes.push_back(r.status().code());
+    marked_late += IsShedLate(r.status());
   };
   queue->Submit(Input(1, Events(rng, 5), Events(rng, 1)), record);  // taken by the worker
   for (int i = 0; i < 1000 && queue->stats().depth != 0; ++i) absl::SleepFor(absl::Milliseconds(1));
@@ -462,6 +465,9 @@ TEST_F(PipelineTest, QueueRefusesWhileItsOldestRequestHasWaitedTooLong) {
               (std::vector<absl::StatusCode>{
                   absl::StatusCode::kOk, absl::StatusCode::kResourceExhausted,
                   absl::StatusCode::kResourceExhausted, absl::StatusCode::kResourceExhausted}));
+    // The two shed at dequeue are marked late (the router does not retry them elsewhere); the
+    // one refused at admission is not.
+    EXPECT_EQ(marked_late, 2);
   }
   const RequestQueueStats s = queue->stats();
   EXPECT_EQ(s.rejected_delay, 1u);

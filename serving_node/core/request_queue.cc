@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/shed.h"
 
 namespace hlem::serving {
 
@@ -157,7 +158,7 @@ void RequestQueue::WorkerLoop() {
       batch[i].done(absl::DeadlineExceededError("deadline passed while queued"));
     }
     for (size_t i : late) {
-      batch[i].done(absl::ResourceExhaustedError(absl::StrCat(
+      batch[i].done(ShedLateError(absl::StrCat(
           "the node is overloaded: waited ", absl::FormatDuration(now - batch[i].enqueued),
           " in its queue (max_delay ", absl::FormatDuration(options_.max_delay), ")")));
     }

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/shed.h"
 
 namespace hlem::serving {
 namespace {
@@ -102,7 +103,11 @@ grpc::Status ServingNodeServiceImpl::Infer(grpc::ServerContext* context,
       *request, node_.parts().pipeline->options().features.size(), DeadlineOf(*context));
   if (!in.ok()) return ToGrpcStatus(in.status());
   absl::StatusOr<InferOutput> out = node_.InferSync(std::move(*in));
-  if (!out.ok()) return ToGrpcStatus(out.status());
+  if (!out.ok()) {
+    // The router retries a shed request elsewhere unless it was shed late (common/shed.h).
+    if (IsShedLate(out.status())) context->AddTrailingMetadata(kShedMetadataKey, kShedLateValue);
+    return ToGrpcStatus(out.status());
+  }
   const absl::Duration total = absl::Now() - received;
   response->mutable_scores()->Assign(out->scores.begin(), out->scores.end());
   response->set_num_tasks(out->targets);

@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/rng.h"
+#include "common/shed.h"
 #include "common/status_macros.h"
 #include "serving_node/core/pipeline.h"
 
@@ -118,7 +119,7 @@ void SimExecutor::MaybeStartBatch() {
       (*it)->done(absl::DeadlineExceededError("deadline passed while queued"));
       it = queue_.erase(it);
     } else if (now - (*it)->enqueued > options_.local.queue.max_delay) {
-      (*it)->done(absl::ResourceExhaustedError("node overloaded: waited over max_delay"));
+      (*it)->done(ShedLateError("node overloaded: waited over max_delay"));
       it = queue_.erase(it);
     } else if (users.insert((*it)->in.user).second) {
       batch_.push_back(std::move(*it));

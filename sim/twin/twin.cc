@@ -386,9 +386,7 @@ void Twin::Answered(const std::shared_ptr<Request>& r, int n, int attempt, absl:
     o.queue_ns = o.node_ns > accounted ? o.node_ns - accounted : 0;
     if (out->stale_kv_hit) router_->Forget(n, r->trace.user);
     if (calibrator_ != nullptr) Calibrate(*out, o.queue_ns, load);
-  } else if (attempt == 0 && !r->recorded &&
-             (o.code == absl::StatusCode::kUnavailable ||
-              o.code == absl::StatusCode::kResourceExhausted)) {
+  } else if (attempt == 0 && !r->recorded && router::RetryElsewhere(out.status())) {
     Dispatch(r, 1);  // the router's one retry on another node, while the deadline lasts
     return;
   }

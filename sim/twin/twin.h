@@ -177,7 +177,7 @@ class Twin {
   // Reads the next request and schedules its arrival; false at the end of the trace.
   bool ScheduleNext();
   bool ReadSource(TraceRequest* out);  // the read-ahead first, then the source
-  // Routes (attempt 0, or the router's one retry on UNAVAILABLE / RESOURCE_EXHAUSTED elsewhere).
+  // Routes (attempt 0, or the router's one retry elsewhere: router::RetryElsewhere).
   void Dispatch(std::shared_ptr<Request> r, int attempt);
   // A node's answer to attempt `attempt` at router index `n` (router_->Completed done by then).
   void Answered(const std::shared_ptr<Request>& r, int n, int attempt, absl::Time received,
