@@ -104,7 +104,9 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--max-candidates", max_candidates, "candidates per request");
   app.add_option("--max-history-events", max_history_events, "events per request");
-  app.add_option("--retry", retry, "retry once on the next-best node when a node is unavailable");
+  app.add_option("--retry", retry,
+                 "retry once on the next-best node when a node is unavailable or refuses at "
+                 "admission (not after a late shed)");
   uint32_t max_in_flight = 0;
   app.add_option("--max-in-flight", max_in_flight,
                  "Recommend calls handled at once; beyond, RESOURCE_EXHAUSTED at once (0 = no "
