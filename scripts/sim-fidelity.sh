@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The twin's fidelity against real local-cluster runs (docs/simulator.md): fits the cost model to
-# one real run (`hlem sim fit`), then replays every real run's trace in the twin with the fitted
+# one real run (`hlem sim fit`: stage medians, background CPU, per-request slowdown, then rounds
+# matching the latency distribution), then replays every real run's trace in the twin with the fitted
 # costs and sets the two side by side (`hlem sim compare`, 30 s pools after the warm-up).
 # Usage: scripts/sim-fidelity.sh [--fit steady-0.5-run1] [--warmup-s 30]
 # Inputs: out/real/<regime>-<alpha>-run<k>.csv (per-request CSVs of scripts/alpha-sweep.sh runs,
@@ -29,7 +30,7 @@ cpu_flag=()
 [ -f "out/real/$fit.cpu" ] && cpu_flag=(--cpu "out/real/$fit.cpu")
 "$hlem" sim fit --real "out/real/$fit.csv" --trace "out/sweep/$(regime_of "$fit").trace" \
   --alpha "$(alpha_of "$fit")" --warmup-s "$warmup" --out "$out/cpu-fitted.yaml" "${cpu_flag[@]}" \
-  --slowdown-quantiles 32 \
+  --slowdown-quantiles 32 --latency-rounds 10 \
   | tee "$out/fit.txt"
 
 : >"$out/fidelity.txt"

@@ -347,7 +347,7 @@ absl::StatusOr<double> ReadCpuSeconds(const std::string& path) {
 struct FitFlags {
   SimFlags sim;
   std::string real, out, cpu;
-  int max_iterations = 8, slowdown_quantiles = 0;
+  int max_iterations = 8, slowdown_quantiles = 0, latency_rounds = 0;
 };
 
 std::string StageLine(const char* name, const sim::StageMedians& m) {
@@ -358,6 +358,10 @@ std::string StageLine(const char* name, const sim::StageMedians& m) {
 
 // Fits the cost model to a real run's per-stage timings (sim/twin/fit.h).
 int Fit(const FitFlags& f) {
+  if (f.latency_rounds > 0 && f.slowdown_quantiles == 0) {
+    return SimFail("--latency-rounds", absl::InvalidArgumentError(
+                                           "it reshapes the slowdown: give --slowdown-quantiles"));
+  }
   absl::StatusOr<SimSetup> s = Prepare(f.sim);
   if (!s.ok()) return SimFail("setup", s.status());
   absl::StatusOr<std::vector<loadgen::Outcome>> real = ReadOutcomes(f.real);
@@ -404,18 +408,31 @@ int Fit(const FitFlags& f) {
       sim::FitCosts(s->twin.costs, real_twin, s->warmup_ns, simulate,
                     {.max_iterations = f.max_iterations,
                      .real_cpu_per_request = real_cpu,
-                     .slowdown_quantiles = f.slowdown_quantiles});
+                     .slowdown_quantiles = f.slowdown_quantiles,
+                     .latency_rounds = f.latency_rounds});
   if (!fit.ok()) return SimFail("fit", fit.status());
   sim::CostModel costs = fit->costs;
+  std::string rounds;  // the latency rounds' distances, in order
+  for (const sim::FitIteration& it : fit->iterations) {
+    if (it.distance >= 0) absl::StrAppendFormat(&rounds, " %.4f", it.distance);
+  }
+  if (!rounds.empty()) {
+    std::printf("latency rounds: KS distance to the real run%s; kept %.4f\n", rounds.c_str(),
+                fit->distance);
+  }
   costs.source = absl::StrFormat(
       "hlem sim fit --real %s (%d OK answers after %.0f s of warm-up) --trace %s --alpha %.2f "
-      "--nodes %u%s, from %s; stage medians matched to %.1f %% (hop, lookup, fetch, compute)",
+      "--nodes %u%s, from %s; stage medians matched to %.1f %% (hop, lookup, fetch, compute)%s",
       f.real, real_medians.requests, f.sim.warmup_s, f.sim.trace, f.sim.alpha, f.sim.nodes,
-      absl::StrCat(f.cpu.empty() ? "" : absl::StrCat(" --cpu ", f.cpu),
-                   f.slowdown_quantiles > 0
-                       ? absl::StrCat(" --slowdown-quantiles ", f.slowdown_quantiles)
-                       : ""),
-      f.sim.costs, 100 * fit->max_error);
+      absl::StrCat(
+          f.cpu.empty() ? "" : absl::StrCat(" --cpu ", f.cpu),
+          f.slowdown_quantiles > 0 ? absl::StrCat(" --slowdown-quantiles ", f.slowdown_quantiles)
+                                   : "",
+          f.latency_rounds > 0 ? absl::StrCat(" --latency-rounds ", f.latency_rounds) : ""),
+      f.sim.costs, 100 * fit->max_error,
+      fit->distance >= 0
+          ? absl::StrFormat("; latency distribution within %.4f (KS distance)", fit->distance)
+          : "");
   std::printf("%s after %zu runs; largest stage error %.1f %%\n",
               fit->converged ? "converged" : "NOT converged", fit->iterations.size(),
               100 * fit->max_error);
@@ -580,6 +597,11 @@ void RegisterSimCommands(CLI::App& app, Run* run) {
                    "fit the per-request slowdown of the CPU stages as this many quantiles "
                    "(0: none)")
       ->check(CLI::Range(0, 1000));
+  fit_cmd
+      ->add_option("--latency-rounds", fit->latency_rounds,
+                   "then reshape the slowdown quantiles until the twin's latency distribution "
+                   "matches the real run's: at most this many twin runs (0: none)")
+      ->check(CLI::Range(0, 50));
   fit_cmd->add_option("--cpu", fit->cpu,
                       "CPU seconds per process of the real run (scripts/alpha-sweep.sh's .cpu "
                       "file): fits background_cpu so the twin's cores are as busy");

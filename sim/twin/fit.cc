@@ -28,7 +28,42 @@ double RelError(double sim, double real) {
   return sim > 0 && real > 0 ? std::abs(sim - real) / real : 0;
 }
 
+// The largest relative error of a fitted stage.
+double StageError(const StageMedians& t, const StageMedians& real) {
+  return std::max({RelError(t.hop_ms, real.hop_ms), RelError(t.compute_ms, real.compute_ms),
+                   RelError(t.lookup_ms, real.lookup_ms), RelError(t.fetch_ms, real.fetch_ms)});
+}
+
+// The sample's value at quantile p (0 < p < 1) of a sorted, non-empty sample.
+double At(std::span<const double> sorted, double p) {
+  const auto i = static_cast<size_t>(p * static_cast<double>(sorted.size()));
+  return sorted[std::min(sorted.size() - 1, i)];
+}
+
 }  // namespace
+
+std::vector<double> SortedLatencies(std::span<const TwinOutcome> outcomes, uint64_t warmup_ns) {
+  std::vector<double> out;
+  for (const TwinOutcome& o : outcomes) {
+    if (o.code == absl::StatusCode::kOk && o.sent_ns >= warmup_ns) out.push_back(Ms(o.latency_ns));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+double LatencyDistance(std::span<const double> a, std::span<const double> b) {
+  if (a.empty() || b.empty()) return 1;
+  const auto na = static_cast<double>(a.size()), nb = static_cast<double>(b.size());
+  double worst = 0;
+  size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    const double x = std::min(a[i], b[j]);  // step both CDFs past every value equal to x
+    while (i < a.size() && a[i] <= x) ++i;
+    while (j < b.size() && b[j] <= x) ++j;
+    worst = std::max(worst, std::abs(static_cast<double>(i) / na - static_cast<double>(j) / nb));
+  }
+  return worst;
+}
 
 StageMedians MedianStages(std::span<const TwinOutcome> outcomes, uint64_t warmup_ns) {
   std::vector<double> hop, queue, lookup, fetch, copy, compute, latency;
@@ -63,6 +98,10 @@ absl::StatusOr<FitResult> FitCosts(
   if (options.max_iterations < 1) {
     return absl::InvalidArgumentError("max_iterations must be at least 1");
   }
+  if (options.latency_rounds > 0 && options.slowdown_quantiles <= 0) {
+    return absl::InvalidArgumentError(
+        "latency rounds shape the slowdown quantiles: slowdown_quantiles must be set too");
+  }
   FitResult result;
   CostModel costs = start;
   SimulatedRun last;
@@ -79,9 +118,7 @@ absl::StatusOr<FitResult> FitCosts(
             "the twin answered nothing OK after the warm-up under these costs");
       }
       const StageMedians& t = it.twin;
-      it.max_error =
-          std::max({RelError(t.hop_ms, real.hop_ms), RelError(t.compute_ms, real.compute_ms),
-                    RelError(t.lookup_ms, real.lookup_ms), RelError(t.fetch_ms, real.fetch_ms)});
+      it.max_error = StageError(t, real);
       // The background the real CPU calls for, given this run's node work.
       absl::Duration background = costs.background_cpu;
       if (options.real_cpu_per_request > 0 && run->stats.requests > 0) {
@@ -163,6 +200,41 @@ absl::StatusOr<FitResult> FitCosts(
       costs.slowdown_quantiles.push_back(std::max(1e-3, ratios[at] / median));
     }
     RETURN_IF_ERROR(match());
+  }
+  if (options.latency_rounds > 0) {
+    // Round 0 runs the matched costs; each round scales slowdown quantile i by real ÷ twin
+    // latency at quantile (i + ½) / n, kept non-decreasing, for the next. The stage
+    // coefficients stay; the round nearest the real run is kept.
+    const std::vector<double> real_ms = SortedLatencies(real_outcomes, warmup_ns);
+    double best = HUGE_VAL;
+    for (int round = 0; round < options.latency_rounds; ++round) {
+      absl::StatusOr<SimulatedRun> run = simulate(costs);
+      if (!run.ok()) return run.status();
+      const std::vector<double> twin_ms = SortedLatencies(run->outcomes, warmup_ns);
+      if (twin_ms.empty()) {
+        return absl::FailedPreconditionError(
+            "the twin answered nothing OK after the warm-up under these costs");
+      }
+      FitIteration it{.costs = costs, .twin = MedianStages(run->outcomes, warmup_ns)};
+      it.max_error = StageError(it.twin, real);
+      it.distance = LatencyDistance(real_ms, twin_ms);
+      result.iterations.push_back(it);
+      if (it.distance < best) {
+        best = it.distance;
+        result.costs = costs;
+        result.max_error = it.max_error;
+        result.distance = it.distance;
+      }
+      if (it.distance <= options.distance_tolerance) break;
+      std::vector<double>& q = costs.slowdown_quantiles;
+      const auto n = static_cast<double>(q.size());
+      for (size_t i = 0; i < q.size(); ++i) {
+        const double p = (static_cast<double>(i) + 0.5) / n;
+        q[i] = std::max(1e-3, q[i] * At(real_ms, p) / std::max(1e-6, At(twin_ms, p)));
+        if (i > 0) q[i] = std::max(q[i], q[i - 1]);
+      }
+    }
+    costs = result.costs;
   }
   return result;
 }

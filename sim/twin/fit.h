@@ -17,8 +17,14 @@
 // contention that makes the real tail). Last, optionally, the per-request slowdown: the real CPU
 // stages of each request over the twin's for the same request, as quantiles (CostModel::
 // slowdown_quantiles: the stalls of a shared machine that processor sharing does not produce),
-// and the stages matched again. Held-out runs (other regimes and α) validate the result
-// (`hlem sim compare`).
+// and the stages matched again. Last, optionally, rounds of matching the end-to-end latency
+// distribution: the per-request ratios above are ratios of two noisy times (the twin's own
+// processor sharing already varies a request's stages), so as a slowdown they widen the body of
+// the twin's distribution (more answers just over the SLO than the real run has) while the tail
+// comes out right. Each round scales every slowdown quantile by real ÷ twin latency at the same
+// quantile and keeps the round whose latency distribution is nearest the real one (the largest
+// gap between the two CDFs, Kolmogorov–Smirnov: a bound on the SLO-fraction error at every
+// threshold). Held-out runs (other regimes and α) validate the result (`hlem sim compare`).
 
 #include <cstdint>
 #include <functional>
@@ -42,6 +48,14 @@ struct StageMedians {
 };
 StageMedians MedianStages(std::span<const TwinOutcome> outcomes, uint64_t warmup_ns);
 
+// The latencies of the OK answers sent at or after the warm-up, in milliseconds, sorted.
+std::vector<double> SortedLatencies(std::span<const TwinOutcome> outcomes, uint64_t warmup_ns);
+
+// The Kolmogorov–Smirnov distance of two latency samples (sorted): the largest difference of
+// their empirical CDFs, so the fraction within any SLO differs by at most this much. 1 when
+// either is empty.
+double LatencyDistance(std::span<const double> a, std::span<const double> b);
+
 struct FitOptions {
   int max_iterations = 8;
   double tolerance = 0.01;  // stop when every fitted stage is within this relative error
@@ -49,6 +63,10 @@ struct FitOptions {
   double real_cpu_per_request = 0;
   // Quantiles of the per-request slowdown to fit (CostModel::slowdown_quantiles); 0: none.
   int slowdown_quantiles = 0;
+  // Twin runs matching the latency distribution after the slowdown fit (needs
+  // slowdown_quantiles); 0: none. Stops early once the distance is within distance_tolerance.
+  int latency_rounds = 0;
+  double distance_tolerance = 0.005;
 };
 
 // One replay of the real run's trace under some costs.
@@ -61,11 +79,13 @@ struct FitIteration {
   CostModel costs;       // what this iteration simulated
   StageMedians twin;     // what it gave
   double max_error = 0;  // the largest relative error of a fitted stage against the real run
+  double distance = -1;  // LatencyDistance to the real run (latency rounds only; else −1)
 };
 
 struct FitResult {
   CostModel costs;       // the best iteration's costs
   double max_error = 0;  // and its largest stage error
+  double distance = -1;  // and its LatencyDistance (latency rounds only; else −1)
   std::vector<FitIteration> iterations;
   bool converged = false;
 };
@@ -73,7 +93,8 @@ struct FitResult {
 // `real` are the real run's outcomes (with their stage timings; index = trace index). `simulate`
 // replays the real run's trace under the given costs.
 // A stage whose median is zero in either run (no fetches at all, say) keeps its coefficients.
-// INVALID_ARGUMENT when the real run has no OK answers after the warm-up.
+// INVALID_ARGUMENT when the real run has no OK answers after the warm-up, or latency rounds are
+// asked for without slowdown quantiles.
 absl::StatusOr<FitResult> FitCosts(
     const CostModel& start, std::span<const TwinOutcome> real, uint64_t warmup_ns,
     const std::function<absl::StatusOr<SimulatedRun>(const CostModel&)>& simulate,

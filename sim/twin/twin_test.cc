@@ -333,6 +333,18 @@ TEST(OracleTest, TrackingSearchesFromTheControllersStateAndMeasuresTheirGap) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// What the fit calls: replays the trace in the twin under the given costs.
+std::function<absl::StatusOr<SimulatedRun>(const CostModel&)> Replayer(
+    const TwinOptions& options, const WorkloadConfig& workload,
+    const std::vector<TraceRequest>& trace) {
+  return [=](const CostModel& costs) -> absl::StatusOr<SimulatedRun> {
+    TwinOptions o = options;
+    o.costs = costs;
+    std::unique_ptr<Twin> twin = RunTwin(o, workload, trace);
+    return SimulatedRun{.outcomes = twin->outcomes(), .stats = twin->stats()};
+  };
+}
+
 // The fit recovers a twin's own costs from its outcomes: the "real" run is the twin under
 // costs whose stages are each scaled by a different factor, the fit starts from the unscaled
 // costs and must find the scaled ones (each stage's coefficients move together, so the answer
@@ -341,12 +353,7 @@ TEST(FitTest, RecoversTheCostsARunWasMadeWith) {
   const WorkloadConfig workload = testing::TinyWorkload();
   const std::vector<TraceRequest> trace = Generate(workload);
   const TwinOptions options = testing::TinyTwin(workload);
-  auto simulate = [&](const CostModel& costs) -> absl::StatusOr<SimulatedRun> {
-    TwinOptions o = options;
-    o.costs = costs;
-    std::unique_ptr<Twin> twin = RunTwin(o, workload, trace);
-    return SimulatedRun{.outcomes = twin->outcomes(), .stats = twin->stats()};
-  };
+  const auto simulate = Replayer(options, workload, trace);
   const CostModel start = options.costs;
   CostModel truth = start;
   truth.router_overhead += absl::Microseconds(600);
@@ -385,6 +392,60 @@ TEST(FitTest, RecoversTheCostsARunWasMadeWith) {
   // Nothing to fit from: a clear error.
   EXPECT_EQ(FitCosts(start, {}, warmup, simulate).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// The latency rounds: the "real" run is the twin under a wide per-request slowdown; the fit
+// starts from the same stage costs without one. The per-request ratio fit gives the twin a
+// slowdown whose latency distribution is off (the ratio of two noisy times), and the rounds
+// must bring it nearer the real one; without slowdown quantiles they are refused.
+TEST(FitTest, LatencyRoundsBringTheLatencyDistributionNearer) {
+  const WorkloadConfig workload = testing::TinyWorkload();
+  const std::vector<TraceRequest> trace = Generate(workload);
+  const TwinOptions options = testing::TinyTwin(workload);
+  const auto simulate = Replayer(options, workload, trace);
+  CostModel truth = options.costs;
+  truth.slowdown_quantiles = {0.4, 0.6, 0.8, 0.9, 1.0, 1.2, 1.6, 3.0};
+  const uint64_t warmup = 1'000'000'000;
+  const absl::StatusOr<SimulatedRun> real = simulate(truth);
+  ASSERT_TRUE(real.ok());
+  const std::vector<double> real_ms = SortedLatencies(real->outcomes, warmup);
+  ASSERT_GT(real_ms.size(), 200u);
+  EXPECT_EQ(LatencyDistance(real_ms, real_ms), 0);
+  EXPECT_TRUE(std::is_sorted(real_ms.begin(), real_ms.end()));
+
+  absl::StatusOr<FitResult> fit =
+      FitCosts(options.costs, real->outcomes, warmup, simulate,
+               {.max_iterations = 4, .slowdown_quantiles = 8, .latency_rounds = 6});
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  std::vector<double> distances;
+  for (const FitIteration& it : fit->iterations) {
+    if (it.distance >= 0) distances.push_back(it.distance);
+  }
+  ASSERT_FALSE(distances.empty());
+  // Round 0 is the ratio fit; the kept round is the nearest, and nearer than round 0 by a margin.
+  EXPECT_EQ(fit->distance, *std::min_element(distances.begin(), distances.end()));
+  EXPECT_LT(fit->distance, 0.75 * distances.front()) << distances.front();
+  // The kept costs give the kept distance, and stay a valid slowdown.
+  const absl::StatusOr<SimulatedRun> again = simulate(fit->costs);
+  ASSERT_TRUE(again.ok());
+  EXPECT_DOUBLE_EQ(LatencyDistance(real_ms, SortedLatencies(again->outcomes, warmup)),
+                   fit->distance);
+  EXPECT_TRUE(
+      std::is_sorted(fit->costs.slowdown_quantiles.begin(), fit->costs.slowdown_quantiles.end()));
+
+  EXPECT_EQ(FitCosts(options.costs, real->outcomes, warmup, simulate, {.latency_rounds = 2})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(FitTest, LatencyDistanceIsTheLargestCdfGap) {
+  const std::vector<double> a = {1, 2, 3, 4}, b = {2, 3, 4, 5}, c = {10, 20};
+  EXPECT_DOUBLE_EQ(LatencyDistance(a, b), 0.25);  // at 1 (and at 4): 1/4 apart
+  EXPECT_DOUBLE_EQ(LatencyDistance(a, c), 1.0);   // disjoint
+  EXPECT_DOUBLE_EQ(LatencyDistance(a, {}), 1.0);
+  const std::vector<double> ties = {2, 2, 2, 2};
+  EXPECT_DOUBLE_EQ(LatencyDistance(a, ties), 0.5);  // at 2: 1/2 against 1
 }
 
 // EMB sampling (paper scale): the cache tracks 1 in N rows; every fetched row still crosses the
