@@ -11,6 +11,7 @@
 #include "common/clock.h"
 #include "common/grpc_server.h"
 #include "common/rng.h"
+#include "common/shed.h"
 #include "google/protobuf/descriptor.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -52,9 +53,10 @@ NodeConfig SmallConfig() {
 
 class NodeServiceTest : public ::testing::Test {
  protected:
-  void SetUp() override {
+  void SetUp() override { Start(SmallConfig()); }
+  void Start(const NodeConfig& config) {
     SetComputeThreads(1);
-    auto stack = NodeStack::Build(SmallConfig(), source_, 42, clock_);
+    auto stack = NodeStack::Build(config, source_, 42, clock_);
     ASSERT_TRUE(stack.ok()) << stack.status();
     stack_ = std::move(*stack);
     stack_->Start();
@@ -175,6 +177,48 @@ TEST_F(NodeServiceTest, InferFullAndDeltaModeOverGrpc) {
   v1::InferResponse resp;
   grpc::Status st = Infer(delta, &resp);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << st.error_message();
+}
+
+// A request shed late (it waited in the node's queue longer than queue.max_delay) carries the
+// trailing metadata that tells the router not to retry it elsewhere (common/shed.h); any other
+// refusal does not. With max_delay 1 ns every queued request is late by the time a worker takes
+// it, and a request the node refuses as invalid never queues.
+class LateShedTest : public NodeServiceTest {
+ protected:
+  void SetUp() override {
+    NodeConfig c = SmallConfig();
+    c.queue.max_delay = absl::Nanoseconds(1);
+    Start(c);
+  }
+};
+
+TEST_F(LateShedTest, ALateShedCarriesTheTrailer) {
+  Rng rng(7);
+  v1::InferRequest req;
+  req.set_user_id(3);
+  AddEvents(rng, 4, &req);
+  AddCandidates(rng, 2, &req);
+  auto call = [&](const v1::InferRequest& r, std::string* shed) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    v1::InferResponse resp;
+    const grpc::Status st = stub_->Infer(&ctx, r, &resp);
+    const auto& trailers = ctx.GetServerTrailingMetadata();
+    const auto it = trailers.find(kShedMetadataKey);
+    *shed = it == trailers.end() ? "" : std::string(it->second.data(), it->second.size());
+    return st;
+  };
+  std::string shed;
+  grpc::Status st = call(req, &shed);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
+  EXPECT_NE(st.error_message().find("max_delay"), std::string::npos) << st.error_message();
+  EXPECT_EQ(shed, kShedLateValue);
+
+  v1::InferRequest invalid = req;
+  invalid.clear_candidates();
+  st = call(invalid, &shed);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(shed, "");
 }
 
 TEST_F(NodeServiceTest, BadInputGetsClearErrors) {
