@@ -107,6 +107,14 @@ int main(int argc, char** argv) {
   app.add_option("--retry", retry,
                  "retry once on the next-best node when a node is unavailable or refuses at "
                  "admission (not after a late shed)");
+  hlem::router::RetryBudgetOptions retry_budget;
+  app.add_option("--retry-budget-ratio", retry_budget.ratio,
+                 "retries elsewhere per request over the last 10 s (beyond it and the floor, the "
+                 "first attempt's error goes back)")
+      ->check(CLI::Range(0.0, 1000.0));
+  app.add_option("--retry-budget-min-per-s", retry_budget.min_per_second,
+                 "retries always allowed at this rate, whatever the traffic")
+      ->check(CLI::Range(0.0, 1e6));
   uint32_t max_in_flight = 0;
   app.add_option("--max-in-flight", max_in_flight,
                  "Recommend calls handled at once; beyond, RESOURCE_EXHAUSTED at once (0 = no "
@@ -210,6 +218,7 @@ int main(int argc, char** argv) {
   hlem::router::RouterServiceImpl service({.max_candidates = max_candidates,
                                            .max_history_events = max_history_events,
                                            .retry = retry,
+                                           .retry_budget = retry_budget,
                                            .max_in_flight = max_in_flight,
                                            .features = options.features.size(),
                                            .calibrator = calibrator.get(),

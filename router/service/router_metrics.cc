@@ -52,6 +52,12 @@ RouterMetrics::RouterMetrics(MetricsRegistry& r, PolicyKind policy, double slo_s
           "Recommend answers: OK within the SLO at the router (met) or not (missed)")),
       slo_met_(&slo_requests_.Add({{"result", "met"}})),
       slo_missed_(&slo_requests_.Add({{"result", "missed"}})),
+      retries_(Build<prometheus::Counter>(
+          r, "hlem_router_retries_total",
+          "Retries on another node after a node refused at admission or was unavailable: sent, "
+          "or over the retry budget (answered with the first attempt's error)")),
+      retries_sent_(&retries_.Add({{"outcome", "sent"}})),
+      retries_over_budget_(&retries_.Add({{"outcome", "over_budget"}})),
       node_load_(Build<prometheus::Gauge>(r, "hlem_router_node_load", "l(n) used for routing")),
       node_view_(Build<prometheus::Gauge>(
           r, "hlem_router_node_view",
@@ -84,6 +90,10 @@ void RouterMetrics::ObserveDecision(const Decision& d, double seconds) {
   kv_best_->Increment(d.best_h_kv);
   emb_chosen_->Increment(d.h_emb);
   emb_best_->Increment(d.best_h_emb);
+}
+
+void RouterMetrics::ObserveRetry(bool sent) {
+  (sent ? retries_sent_ : retries_over_budget_)->Increment();
 }
 
 void RouterMetrics::ObserveRecommend(int code, double seconds) {

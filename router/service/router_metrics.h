@@ -6,7 +6,8 @@
 // event counters (applied, ignored, gaps, snapshots, epoch resets, filter full), cached profiles,
 // index memory and the scorer's weights. SLO attainment: hlem_router_slo_requests_total{result=
 // met|missed} (met: OK within the SLO at the router), hlem_router_slo_seconds, and the latency
-// histogram has a bucket at the SLO. Thread-safe.
+// histogram has a bucket at the SLO. Retries elsewhere: hlem_router_retries_total{outcome=sent|
+// over_budget} (router/core/retry_budget.h). Thread-safe.
 
 #include <string>
 #include <vector>
@@ -26,6 +27,8 @@ class RouterMetrics {
   RouterMetrics(MetricsRegistry& registry, PolicyKind policy, double slo_seconds);
   void ObserveDecision(const Decision& d, double seconds);
   void ObserveRecommend(int code, double seconds);
+  // A failed attempt that RetryElsewhere allowed: sent, or held back by the retry budget.
+  void ObserveRetry(bool sent);
   void Refresh(const Cluster& cluster);
 
  private:
@@ -43,6 +46,9 @@ class RouterMetrics {
   prometheus::Family<prometheus::Counter>& slo_requests_;
   prometheus::Counter* slo_met_;
   prometheus::Counter* slo_missed_;
+  prometheus::Family<prometheus::Counter>& retries_;
+  prometheus::Counter* retries_sent_;
+  prometheus::Counter* retries_over_budget_;
   prometheus::Family<prometheus::Gauge>& node_load_;
   prometheus::Family<prometheus::Gauge>& node_view_;
   prometheus::Family<prometheus::Gauge>& node_users_;

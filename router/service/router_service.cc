@@ -116,6 +116,7 @@ grpc::Status RouterServiceImpl::Route(grpc::ServerContext* context,
   std::vector<int> tried;
   grpc::Status last = grpc::Status(grpc::StatusCode::UNAVAILABLE, "no live serving node");
   double route_seconds = 0;
+  retry_budget_.OnRequest();
   for (int attempt = 0; attempt < (options_.retry ? 2 : 1); ++attempt) {
     if (attempt > 0 && absl::Now() >= deadline) break;
     const absl::Time route_start = absl::Now();
@@ -187,6 +188,11 @@ grpc::Status RouterServiceImpl::Route(grpc::ServerContext* context,
       failed = MarkShedLate(std::move(failed));
     }
     if (!RetryElsewhere(failed)) return last;
+    if (attempt == 0 && options_.retry) {
+      const bool sent = retry_budget_.TryRetry();
+      if (metrics_ != nullptr) metrics_->ObserveRetry(sent);
+      if (!sent) return last;
+    }
   }
   return last;
 }

@@ -17,6 +17,7 @@
 #include "hlem/v1/serving_node.grpc.pb.h"
 #include "router/core/calibration.h"
 #include "router/core/cluster.h"
+#include "router/core/retry_budget.h"
 #include "router/service/router_metrics.h"
 
 namespace hlem::router {
@@ -25,6 +26,9 @@ struct RouterServiceOptions {
   uint32_t max_candidates = 512;
   uint32_t max_history_events = 1 << 16;
   bool retry = true;
+  // Retries within this budget (router/core/retry_budget.h); beyond it, the first error.
+  RetryBudgetOptions retry_budget;
+  Clock* clock = nullptr;  // the retry budget's (RealClock when null)
   // Recommend calls being handled at once; beyond it a call is answered RESOURCE_EXHAUSTED at
   // once (0 = no limit): under overload the router sheds at its door instead of queueing.
   uint32_t max_in_flight = 0;
@@ -40,7 +44,13 @@ class RouterServiceImpl final : public hlem::v1::Router::Service {
   // `metrics` may be null.
   RouterServiceImpl(const RouterServiceOptions& options, Cluster& cluster,
                     RouterMetrics* metrics = nullptr)
-      : options_(options), cluster_(cluster), metrics_(metrics) {}
+      : options_(options),
+        cluster_(cluster),
+        metrics_(metrics),
+        retry_budget_(options.retry_budget,
+                      options.clock != nullptr ? *options.clock : RealClock::Get()) {}
+
+  RetryBudgetStats retry_stats() const { return retry_budget_.Stats(); }
 
   // The stub used to reach the cluster's node `index`.
   void SetNodeStub(int index, std::shared_ptr<hlem::v1::ServingNode::StubInterface> stub);
@@ -59,6 +69,7 @@ class RouterServiceImpl final : public hlem::v1::Router::Service {
   const RouterServiceOptions options_;
   Cluster& cluster_;
   RouterMetrics* const metrics_;
+  RetryBudget retry_budget_;
   mutable absl::Mutex mu_;
   std::vector<std::shared_ptr<hlem::v1::ServingNode::StubInterface>> stubs_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint32_t> in_flight_{0};

@@ -187,38 +187,82 @@ class RefusingNode final : public v1::ServingNode::Service {
   std::atomic<int> calls_{0};
 };
 
+// Two refusing nodes behind a RouterServiceImpl (called directly; the nodes over gRPC).
+class RefusingCluster {
+ public:
+  RefusingCluster(bool late, RouterServiceOptions options)
+      : nodes_{RefusingNode(late), RefusingNode(late)} {
+    ClusterOptions c;
+    c.features = {{.table_id = 0, .residency_shard_rows = 64}};
+    auto cluster = Cluster::Create(c, clock_);
+    EXPECT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = std::move(*cluster);
+    options.features = 1;
+    service_ = std::make_unique<RouterServiceImpl>(options, *cluster_);
+    for (int i = 0; i < 2; ++i) {
+      auto server = GrpcServer::Create({.listen = "127.0.0.1:0"}, {&nodes_[i]});
+      EXPECT_TRUE(server.ok()) << server.status();
+      const int index = *cluster_->AddNode(absl::StrCat("node-", i), absl::StrCat("node-", i));
+      serving::ResidencySnapshot snapshot;
+      snapshot.epoch = 1;
+      cluster_->Reset(index, snapshot);
+      service_->SetNodeStub(index, v1::ServingNode::NewStub(
+                                       MakeChannel(absl::StrCat("127.0.0.1:", (*server)->port()))));
+      servers_.push_back(std::move(*server));
+    }
+  }
+  ~RefusingCluster() {
+    for (auto& server : servers_) server->Shutdown();
+  }
+  grpc::Status Call(uint64_t user) {
+    grpc::ServerContext context;
+    const v1::RecommendRequest request = Request(user);
+    v1::RecommendResponse response;
+    return service_->Recommend(&context, &request, &response);
+  }
+  int node_calls() const { return nodes_[0].calls() + nodes_[1].calls(); }
+  RouterServiceImpl& service() { return *service_; }
+
+ private:
+  RealClock clock_;
+  RefusingNode nodes_[2];
+  std::vector<std::unique_ptr<GrpcServer>> servers_;
+  std::unique_ptr<Cluster> cluster_;
+  std::unique_ptr<RouterServiceImpl> service_;
+};
+
 // A node that refuses at admission is retried on the other node (and the client gets the second
 // refusal); a late shed is not: the client gets it after one node call.
 TEST(RouterRetryTest, ALateShedIsNotRetriedElsewhere) {
   for (const bool late : {false, true}) {
     SCOPED_TRACE(late ? "late" : "at admission");
-    RealClock clock;
-    RefusingNode nodes[2] = {RefusingNode(late), RefusingNode(late)};
-    std::vector<std::unique_ptr<GrpcServer>> servers;
-    ClusterOptions c;
-    c.features = {{.table_id = 0, .residency_shard_rows = 64}};
-    auto cluster = Cluster::Create(c, clock);
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    RouterServiceImpl service({.features = 1}, **cluster);
-    for (int i = 0; i < 2; ++i) {
-      auto server = GrpcServer::Create({.listen = "127.0.0.1:0"}, {&nodes[i]});
-      ASSERT_TRUE(server.ok()) << server.status();
-      const int index = *(*cluster)->AddNode(absl::StrCat("node-", i), absl::StrCat("node-", i));
-      serving::ResidencySnapshot snapshot;
-      snapshot.epoch = 1;
-      (*cluster)->Reset(index, snapshot);
-      service.SetNodeStub(index, v1::ServingNode::NewStub(
-                                     MakeChannel(absl::StrCat("127.0.0.1:", (*server)->port()))));
-      servers.push_back(std::move(*server));
-    }
-    grpc::ServerContext context;
-    const v1::RecommendRequest request = Request(7);
-    v1::RecommendResponse response;
-    const grpc::Status st = service.Recommend(&context, &request, &response);
-    EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-    EXPECT_EQ(nodes[0].calls() + nodes[1].calls(), late ? 1 : 2);
-    for (auto& server : servers) server->Shutdown();
+    RefusingCluster cluster(late, {});
+    EXPECT_EQ(cluster.Call(7).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_EQ(cluster.node_calls(), late ? 1 : 2);
   }
+}
+
+// The retry budget: with no ratio and a floor of one retry per 10 s window, the first refused
+// request is retried and the next two are answered with their first refusal; once the window
+// has passed (the budget's clock), a retry goes again.
+TEST(RouterRetryTest, RetriesStayWithinTheBudget) {
+  SimClock clock(absl::FromUnixSeconds(1'000'000));
+  RefusingCluster cluster(
+      false, {.retry_budget = {.ratio = 0, .min_per_second = 0.1, .window = absl::Seconds(10)},
+              .clock = &clock});
+  for (uint64_t user = 1; user <= 3; ++user) {
+    const grpc::Status st = cluster.Call(user);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_EQ(st.error_message(), "queue full");
+  }
+  EXPECT_EQ(cluster.node_calls(), 4);  // 2 + 1 + 1
+  clock.AdvanceBy(absl::Seconds(11));
+  EXPECT_EQ(cluster.Call(4).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(cluster.node_calls(), 6);
+  const RetryBudgetStats s = cluster.service().retry_stats();
+  EXPECT_EQ(s.requests, 4u);
+  EXPECT_EQ(s.retries, 2u);
+  EXPECT_EQ(s.over_budget, 2u);
 }
 
 }  // namespace

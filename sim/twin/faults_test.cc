@@ -153,6 +153,38 @@ TEST(TwinFaultTest, KillAndRestartANode) {
   EXPECT_TRUE(twin.node(1).kv->CheckInvariants().ok());
 }
 
+// The router's retry budget in the twin: the requests a kill disturbs are retried while the
+// budget lasts; with an empty budget (no ratio, no floor) none is, and each fails with its
+// first attempt's UNAVAILABLE.
+TEST(TwinFaultTest, RetriesOfADeadNodesRequestsStayWithinTheBudget) {
+  const WorkloadConfig workload = testing::TinyWorkload();
+  const std::vector<TraceRequest> trace = Generate(workload);
+  for (const bool empty : {false, true}) {
+    SCOPED_TRACE(empty ? "empty budget" : "default budget");
+    TwinOptions options = testing::TinyTwin(workload);
+    options.fault_detection = absl::Milliseconds(500);
+    if (empty) options.retry_budget = {.ratio = 0, .min_per_second = 0};
+    auto created = Twin::Create(options, workload);
+    ASSERT_TRUE(created.ok()) << created.status();
+    Twin& twin = **created;
+    ASSERT_TRUE(twin.Start(Feed(trace)).ok());
+    twin.RunUntil(absl::Seconds(2));
+    ASSERT_TRUE(twin.KillNode(1).ok());
+    ASSERT_TRUE(twin.Finish().ok());
+    const TwinStats& s = twin.stats();
+    uint64_t failed = 0;
+    for (const TwinOutcome& o : twin.outcomes()) failed += o.code != absl::StatusCode::kOk;
+    const uint64_t disturbed = s.killed_in_flight + s.sent_to_dead;
+    ASSERT_GT(disturbed, 0u);
+    EXPECT_EQ(s.retries + s.retries_over_budget, disturbed);
+    EXPECT_EQ(s.retries, empty ? 0 : disturbed);
+    EXPECT_EQ(failed, empty ? disturbed : 0);
+  }
+  TwinOptions bad = testing::TinyTwin(workload);
+  bad.retry_budget.ratio = -1;
+  EXPECT_EQ(Twin::Create(bad, workload).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 // A controller that counts its own decisions and remembers what it saw: α = 0.1 × its count, so
 // every decision changes α and a fresh instance starts again at 0.1.
 class CountingController : public allocator::Controller {

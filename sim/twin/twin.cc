@@ -74,6 +74,8 @@ absl::Status Twin::Build() {
   }
   ro.max_nodes = std::max(ro.max_nodes, options_.nodes);
   ASSIGN_OR_RETURN(router_, router::Cluster::Create(ro, clock_));
+  RETURN_IF_ERROR(router::RetryBudget::Validate(options_.retry_budget));
+  retry_budget_ = std::make_unique<router::RetryBudget>(options_.retry_budget, clock_);
   if (options_.history_sketch) {
     if (options_.node.emb_sample < 2) {
       return absl::InvalidArgumentError(
@@ -267,7 +269,10 @@ bool Twin::ScheduleNext() {
       background_ += options_.costs.background_cpu;
       compute_[0]->Run(options_.costs.background_cpu, [] {});
     }
-    clock_.ScheduleAfter(Hop(*r), [this, r] { Dispatch(r, 0); });
+    clock_.ScheduleAfter(Hop(*r), [this, r] {
+      retry_budget_->OnRequest();
+      Dispatch(r, 0);
+    });
     // The client's deadline (the load generator's gRPC deadline): DEADLINE_EXCEEDED then, whatever
     // the router and the nodes are still doing with the request; a later answer is dropped.
     clock_.ScheduleAfter(options_.deadline, [this, r] {
@@ -387,8 +392,12 @@ void Twin::Answered(const std::shared_ptr<Request>& r, int n, int attempt, absl:
     if (out->stale_kv_hit) router_->Forget(n, r->trace.user);
     if (calibrator_ != nullptr) Calibrate(*out, o.queue_ns, load);
   } else if (attempt == 0 && !r->recorded && router::RetryElsewhere(out.status())) {
-    Dispatch(r, 1);  // the router's one retry on another node, while the deadline lasts
-    return;
+    if (retry_budget_->TryRetry()) {
+      ++stats_.retries;
+      Dispatch(r, 1);  // the router's one retry on another node, while the deadline lasts
+      return;
+    }
+    ++stats_.retries_over_budget;
   }
   clock_.ScheduleAfter(Hop(*r), [this, r] { Record(*r); });
 }
@@ -510,6 +519,8 @@ absl::Status Twin::Finish() {
       .background = background_,
       .route_calls = stats_.route_calls,
       .route_wall_seconds = stats_.route_wall_seconds,
+      .retries = stats_.retries,
+      .retries_over_budget = stats_.retries_over_budget,
       .kills = stats_.kills,
       .restarts = stats_.restarts,
       .killed_in_flight = stats_.killed_in_flight,

@@ -28,6 +28,7 @@
 #include "common/clock.h"
 #include "router/core/calibration.h"
 #include "router/core/cluster.h"
+#include "router/core/retry_budget.h"
 #include "sim/twin/cost_model.h"
 #include "sim/twin/faults.h"
 #include "sim/twin/shared_compute.h"
@@ -40,7 +41,8 @@ struct TwinOptions {
   SimNodeOptions node;  // every node's (node.local.node.node_id is replaced by node-<i>)
   uint32_t nodes = 4;
   CostModel costs;
-  router::ClusterOptions router;  // policy, weights; the features are set from the node's
+  router::ClusterOptions router;            // policy, weights; the features are set from the node's
+  router::RetryBudgetOptions retry_budget;  // the router's (router/core/retry_budget.h)
   absl::Duration feed_delay = absl::Milliseconds(1);
   double alpha = 0.5;  // every node's α at the start (a static α unless changed later)
   // Online calibration of the router's weights from the answers (router/core/calibration.h), as
@@ -102,6 +104,8 @@ struct TwinStats {
   // simulated routing cost is CostModel::router_overhead): how routing scales with the nodes.
   uint64_t route_calls = 0;
   double route_wall_seconds = 0;
+  // Retries elsewhere the router's retry budget sent, and held back (answered with the error).
+  uint64_t retries = 0, retries_over_budget = 0;
   // Faults (TwinOptions::faults): kills and restarts done, requests in flight at a node when it
   // was killed, requests routed to a dead node before the router noticed, and after (must be 0).
   uint64_t kills = 0, restarts = 0, killed_in_flight = 0, sent_to_dead = 0,
@@ -217,6 +221,7 @@ class Twin {
   std::vector<int> slot_of_index_;                   // router index -> node
   std::vector<std::unique_ptr<SimNode>> graveyard_;  // killed incarnations (timers may refer)
   std::unique_ptr<router::Cluster> router_;
+  std::unique_ptr<router::RetryBudget> retry_budget_;
   std::unique_ptr<SimShards> shards_;                   // when the plan has shard faults
   std::unique_ptr<router::CostCalibrator> calibrator_;  // when options_.calibration is set
   uint64_t observed_ = 0;                               // answers the calibrator saw
