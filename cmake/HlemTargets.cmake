@@ -31,6 +31,16 @@ function(hlem_test name)
   hlem_warnings(${name})
   add_test(NAME ${name} COMMAND ${name})
   set_tests_properties(${name} PROPERTIES LABELS ${A_LABEL} TIMEOUT ${A_TIMEOUT})
+  hlem_tsan_preload(${name})
+endfunction()
+
+# Under HLEM_TSAN_ANNOTATIONS the test runs with cmake/tsan_annotations preloaded.
+function(hlem_tsan_preload name)
+  if(HLEM_TSAN_ANNOTATIONS)
+    add_dependencies(${name} hlem_tsan_annotations)
+    set_property(TEST ${name} APPEND PROPERTY ENVIRONMENT
+                 "LD_PRELOAD=$<TARGET_FILE:hlem_tsan_annotations>")
+  endif()
 endfunction()
 
 # hlem_fuzz(name SOURCE file CORPUS dir DEPS ...): a libFuzzer target under HLEM_FUZZ (clang);

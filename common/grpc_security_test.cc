@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -63,10 +64,13 @@ class CheckedEcho final : public Base {
 
 class SecurityTest : public ::testing::Test {
  protected:
-  void Start(const TlsConfig& tls, const TokenFile* frontend = nullptr,
-             const TokenFile* admin = nullptr) {
-    echo_ = std::make_unique<CheckedEcho<test::Echo::Service>>(frontend, "Echo");
-    admin_ = std::make_unique<CheckedEcho<test::EchoAdmin::Service>>(admin, "EchoAdmin");
+  // The server keeps the tokens until it has stopped (its handlers read them), as the binaries'
+  // mains do.
+  void Start(const TlsConfig& tls, std::shared_ptr<TokenFile> frontend = nullptr,
+             std::shared_ptr<TokenFile> admin = nullptr) {
+    tokens_ = {frontend, admin};
+    echo_ = std::make_unique<CheckedEcho<test::Echo::Service>>(frontend.get(), "Echo");
+    admin_ = std::make_unique<CheckedEcho<test::EchoAdmin::Service>>(admin.get(), "EchoAdmin");
     auto server = GrpcServer::Create({.listen = "127.0.0.1:0",
                                       .admin_listen = "127.0.0.1:0",
                                       .health_listen = "127.0.0.1:0",
@@ -95,6 +99,7 @@ class SecurityTest : public ::testing::Test {
   }
   grpc::Status Call(const ChannelOptions& options) { return Call(server_->port(), options); }
 
+  std::vector<std::shared_ptr<TokenFile>> tokens_;
   std::unique_ptr<test::Echo::Service> echo_;
   std::unique_ptr<test::EchoAdmin::Service> admin_;
   std::unique_ptr<GrpcServer> server_;
@@ -209,7 +214,7 @@ TEST_F(SecurityTest, RotatedCertificatesAreServedWithoutARestart) {
 TEST_F(SecurityTest, AdminTokenGuardsAdminAndAFrontendTokenCannotCallIt) {
   auto admin = TokenFile::Fixed("admin-secret");
   auto frontend = TokenFile::Fixed("frontend-secret");
-  Start(TlsConfig{}, frontend.get(), admin.get());
+  Start(TlsConfig{}, frontend, admin);
   const int admin_port = server_->admin_port();
   EXPECT_EQ(Call(admin_port, {}, true).error_code(), grpc::StatusCode::UNAUTHENTICATED);
   grpc::Status refused = Call(admin_port, {.token = frontend}, true);
@@ -224,7 +229,7 @@ TEST_F(SecurityTest, AdminTokenGuardsAdminAndAFrontendTokenCannotCallIt) {
 
 TEST_F(SecurityTest, TokenAndMutualTlsTogether) {
   auto admin = TokenFile::Fixed("admin-secret");
-  Start(Tls(TlsMode::kMutual, "a", "a"), nullptr, admin.get());
+  Start(Tls(TlsMode::kMutual, "a", "a"), nullptr, admin);
   EXPECT_TRUE(
       Call(server_->admin_port(), {.tls = Tls(TlsMode::kMutual, "a", "a"), .token = admin}, true)
           .ok());
