@@ -14,7 +14,9 @@
 # the figures). Exit 1 after naming every target missed.
 # HLEM_PIN_LOADGEN=1 gives the load generator a core of its own (taskset: the cluster on CPU 0,
 # the load generator on CPU 1), so that its CPU time does not delay the cluster it measures; the
-# cluster then has one core and a smaller capacity.
+# cluster then has one core and a smaller capacity. HLEM_PIN_ROUTER=1 (with HLEM_PIN_LOADGEN)
+# moves the router onto the load generator's core, away from the nodes and the shard, as a
+# deployment whose routers run on hosts of their own (the serving nodes own their GPU hosts).
 # Usage: scripts/overload-check.sh [build dir (build)] [source dir (.)]
 set -euo pipefail
 build=$(cd "${1:-build}" && pwd)
@@ -44,6 +46,10 @@ cp "$src/tests/e2e/shards.yaml" "$run/shards.yaml"
   --shards-config "$run/shards.yaml" --node-config "$run/node.yaml" \
   --router-arg=--all-overloaded=shed --router-arg=--max-in-flight=${HLEM_ROUTER_MAX_IN_FLIGHT:-16} > /dev/null
 router="127.0.0.1:$(awk '$1 == "router" {print $4}' "$run/cluster/cluster.state")"
+if [ -n "${HLEM_PIN_ROUTER:-}" ]; then
+  [ -n "${HLEM_PIN_LOADGEN:-}" ] || fail "HLEM_PIN_ROUTER needs HLEM_PIN_LOADGEN"
+  taskset -a -c -p 1 "$(awk '$1 == "router" {print $3}' "$run/cluster/cluster.state")" > /dev/null
+fi
 pids=$(awk '{print $3}' "$run/cluster/cluster.state")
 
 # RSS of every process of the cluster, every second: "unix_s pid kib".
