@@ -13,6 +13,8 @@
 #include <grpc/grpc.h>
 #include <sanitizer/tsan_interface.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -65,6 +67,11 @@ class Runs {
     Hidden hidden;
     std::lock_guard<std::mutex> lock(mu_);
     auto it = runs_.find(f);
+    if (it == runs_.end()) {
+      std::fprintf(stderr, "hlem tsan annotations: functor %p run without a completion\n",
+                   static_cast<void*>(f));
+      std::abort();
+    }
     const Run run = it->second;
     runs_.erase(it);
     return run;
