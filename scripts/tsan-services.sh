@@ -17,8 +17,8 @@ cd "$(dirname "$0")/.."
 build=${1:-build-tsan-services}
 tests=(common_grpc_server_test common_grpc_security_test common_grpc_status_test
   common_shutdown_signal_test router_service_test allocator_service_test loadgen_test
-  serving_service_test shard_integration_test node_service_integration_test
-  router_integration_test)
+  serving_service_test shard_integration_test node_pipeline_integration_test
+  node_service_integration_test router_integration_test)
 cmake --preset tsan-services -B "$build" > /dev/null
 cmake --build "$build" --target tsan_absl_probe tsan_grpc_probe "${tests[@]}"
 # The probes first: silent on hand-offs through locks and gRPC, a report for each real race.
