@@ -53,10 +53,25 @@ until [ "$(node_alpha node-0)" = 0.3 ] && [ "$(node_alpha node-1)" = 0.3 ]; do
   fi
   sleep 1
 done
-grep -q 'decision id=[0-9]* node=node-0 .* alpha_after=0.300 .* applied=true' "$run/allocator.log" || {
-  echo "no decision line" >&2; cat "$run/allocator.log" >&2; exit 1; }
-curl -s "http://127.0.0.1:$(metrics_of allocator)/metrics" | grep -q '^hlem_allocator_alpha{node="node-1"} 0.3$' || {
-  echo "no hlem_allocator_alpha for node-1" >&2; exit 1; }
+# The allocator logs a round's decisions and sets its gauges when the round ends, after the
+# nodes took their α; its gauge shows the α each node reported at its next poll: wait for both.
+decision_logged() {
+  grep -q 'decision id=[0-9]* node=node-0 .* alpha_after=0.300 .* applied=true' "$run/allocator.log"
+}
+allocator_gauge() {  # allocator_gauge <node>: hlem_allocator_alpha of that node
+  local metrics
+  metrics=$(curl -s "http://127.0.0.1:$(metrics_of allocator)/metrics") || return 0
+  awk -v n="$1" '$1 == "hlem_allocator_alpha{node=\"" n "\"}" {print $2}' <<<"$metrics"
+}
+deadline=$((SECONDS + 15))
+until decision_logged && [ "$(allocator_gauge node-1)" = 0.3 ]; do
+  if [ $SECONDS -gt $deadline ]; then
+    decision_logged || { echo "no decision line" >&2; cat "$run/allocator.log" >&2; exit 1; }
+    echo "hlem_allocator_alpha for node-1 is '$(allocator_gauge node-1)', not 0.3" >&2
+    exit 1
+  fi
+  sleep 0.5
+done
 
 # A node dies: the allocator keeps serving; the other node keeps its α.
 kill -9 "$(awk '$2 == "node-1" {print $3}' "$run/cluster.state")"
