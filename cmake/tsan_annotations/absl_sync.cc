@@ -13,26 +13,20 @@
 // edges the real locks make and no lock-order checking.
 #include <sanitizer/tsan_interface.h>
 
-#include <cstring>
 #include <string>
 
-#include "absl/base/options.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "cmake/tsan_annotations/next.h"
 
 namespace {
 
-#define HLEM_STR2(x) #x
-#define HLEM_STR(x) HLEM_STR2(x)
-
 // libabsl's definition of the function whose mangled name is "_ZN" (or "_ZNK" for const
 // members) "4absl" <inline namespace> `rest`.
 template <typename F>
 F Next(bool is_const, const char* rest) {
-  const char* ns = HLEM_STR(ABSL_OPTION_INLINE_NAMESPACE_NAME);
-  const std::string name = std::string(is_const ? "_ZNK" : "_ZN") + "4absl" +
-                           std::to_string(std::strlen(ns)) + ns + rest;
+  const std::string name =
+      std::string(is_const ? "_ZNK" : "_ZN") + hlem::tsan::MangledAbsl() + rest;
   return hlem::tsan::Next<F>(name.c_str());
 }
 

@@ -15,12 +15,10 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <mutex>
 #include <string>
 #include <unordered_map>
 
-#include "absl/base/options.h"
 #include "absl/status/status.h"
 #include "cmake/tsan_annotations/next.h"
 
@@ -40,9 +38,6 @@ void AnnotateIgnoreWritesEnd(const char* file, int line);
 }
 
 namespace {
-
-#define HLEM_STR2(x) #x
-#define HLEM_STR(x) HLEM_STR2(x)
 
 void Release(void* tag) {
   if (tag != nullptr) __tsan_release(tag);
@@ -178,9 +173,8 @@ void grpc_cq_end_op(grpc_completion_queue* cq, void* tag, absl::Status error,
                          void (*)(void*, grpc_cq_completion*), void*, grpc_cq_completion*, bool);
   using Type = grpc_cq_completion_type (*)(grpc_completion_queue*);
   static const EndOp next = [] {
-    const char* ns = HLEM_STR(ABSL_OPTION_INLINE_NAMESPACE_NAME);
-    const std::string name = "_Z14grpc_cq_end_opP21grpc_completion_queuePvN4absl" +
-                             std::to_string(std::strlen(ns)) + ns +
+    const std::string name = "_Z14grpc_cq_end_opP21grpc_completion_queuePvN" +
+                             hlem::tsan::MangledAbsl() +
                              "6StatusEPFvS1_P18grpc_cq_completionES1_S6_b";
     return hlem::tsan::Next<EndOp>(name.c_str());
   }();

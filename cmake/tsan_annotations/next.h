@@ -6,8 +6,22 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "absl/base/options.h"
 
 namespace hlem::tsan {
+
+#define HLEM_TSAN_STR2(x) #x
+#define HLEM_TSAN_STR(x) HLEM_TSAN_STR2(x)
+
+// absl's namespace as it appears in a mangled name, its inline namespace included
+// ("4absl7debian3" on Debian 12).
+inline std::string MangledAbsl() {
+  const char* ns = HLEM_TSAN_STR(ABSL_OPTION_INLINE_NAMESPACE_NAME);
+  return "4absl" + std::to_string(std::strlen(ns)) + ns;
+}
 
 template <typename F>
 F Next(const char* symbol) {
