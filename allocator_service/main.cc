@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
                           health_listen, log_level = "info", controller = "hlem", weights,
                           allocator_id;
   double interval_s = 5, rpc_timeout_ms = 1000, alpha = 0.5, alpha_min = 0.1, alpha_max = 0.9,
-         discovery_interval_s = 2;
+         discovery_interval_s = 2, deadband = alloc::ControllerSpec{}.deadband;
   uint64_t epoch = 0;
   app.add_option("--nodes", nodes_flag,
                  "the nodes' serving addresses: host:port,host:port,... or dns:///name:port")
@@ -73,6 +73,10 @@ int main(int argc, char** argv) {
   app.add_option("--alpha-min", alpha_min, "lower bound of α for the learned controllers and PID")
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--alpha-max", alpha_max, "upper bound of α")->check(CLI::Range(0.0, 1.0));
+  app.add_option("--deadband", deadband,
+                 "hlem and ppo+adapter move a node's α only to a target at least this far from "
+                 "where it stands (0: every decision moves)")
+      ->check(CLI::Range(0.0, 1.0));
   app.add_option("--interval-s", interval_s, "decision interval (the nodes' window)")
       ->check(CLI::Range(0.05, 3600.0));
   app.add_option("--rpc-timeout-ms", rpc_timeout_ms, "deadline of each GetState and SetAlpha")
@@ -103,8 +107,12 @@ int main(int argc, char** argv) {
   auto log = hlem::GetLogger("allocator");
   // The controller, checked once here: a bad config is a start-up error.
   const alloc::Bounds bounds{.alpha_min = alpha_min, .alpha_max = alpha_max};
-  absl::StatusOr<alloc::ControllerFactory> make = alloc::MakeControllerFactory(
-      {.name = controller, .weights = weights, .alpha = alpha, .bounds = bounds});
+  absl::StatusOr<alloc::ControllerFactory> make =
+      alloc::MakeControllerFactory({.name = controller,
+                                    .weights = weights,
+                                    .alpha = alpha,
+                                    .bounds = bounds,
+                                    .deadband = deadband});
   if (!make.ok()) return Fail(make.status());
   auto resolver = hlem::MakeResolver(nodes_flag);
   if (!resolver.ok()) {

@@ -11,13 +11,14 @@
 # minus the hold arm's (the same trace window; after the warm-up).
 #
 #   scripts/move-cost-check.sh [--seeds 7,8] [--alpha 0.9] [--phase-s 50] [--warmup-s 40]
-#       [--arms hold,dither,step]
+#       [--arms hold,dither,step] [--node-config deploy/local/node.yaml] [--out out/move-cost]
 # Needs a build (HLEM_BUILD_DIR, default build-release: run scripts/run-local.sh once). Writes
-# out/move-cost/seed<N>/<arm>-*.csv and out/move-cost/summary.txt. ≈ 4 min a run (50 s phases).
+# OUT/seed<N>/<arm>-*.csv and OUT/summary.txt. ≈ 4 min a run (50 s phases).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 seeds=7 base=0.9 phase_s=50 warmup_s=40 arms=hold,dither,step
+node_config=deploy/local/node.yaml out=out/move-cost
 while [ $# -gt 0 ]; do
   [ $# -ge 2 ] || { echo "move-cost-check.sh: $1 needs a value" >&2; exit 2; }
   case "$1" in
@@ -26,7 +27,9 @@ while [ $# -gt 0 ]; do
     --phase-s) phase_s=$2 ;;
     --warmup-s) warmup_s=$2 ;;
     --arms) arms=$2 ;;
-    *) echo "move-cost-check.sh: unknown argument '$1' (allowed: --seeds, --alpha, --phase-s, --warmup-s, --arms)" >&2
+    --node-config) node_config=$2 ;;
+    --out) out=$2 ;;
+    *) echo "move-cost-check.sh: unknown argument '$1' (allowed: --seeds, --alpha, --phase-s, --warmup-s, --arms, --node-config, --out)" >&2
       exit 2 ;;
   esac
   shift 2
@@ -37,11 +40,11 @@ done
 [[ "$warmup_s" =~ ^[0-9]+$ ]] || { echo "move-cost-check.sh: --warmup-s '$warmup_s' is not a whole number of seconds" >&2; exit 2; }
 awk -v a="$base" 'BEGIN { exit !(a ~ /^[0-9.]+$/ && a - 0.06 >= 0 && a + 0.06 <= 1) }' || {
   echo "move-cost-check.sh: --alpha '$base' must leave room for ±0.06 inside [0, 1]" >&2; exit 2; }
+[ -f "$node_config" ] || { echo "move-cost-check.sh: --node-config '$node_config': no such file" >&2; exit 2; }
 
 build_dir=${HLEM_BUILD_DIR:-build-release}
 hlem="$build_dir/tools/hlem"
 [ -x "$hlem" ] || { echo "move-cost-check.sh: no $hlem (build first: scripts/run-local.sh, or set HLEM_BUILD_DIR)" >&2; exit 1; }
-out=out/move-cost
 run_dir=$out/cluster
 slo_ms=25
 window_s=5  # deploy/local/workload.yaml's decision window
@@ -83,7 +86,7 @@ for seed in ${seeds//,/ }; do
   for arm in ${arms//,/ }; do
     echo "== seed $seed, $arm ($(date +%T)): cluster up, α $base pushed every ${window_s} s"
     "$hlem" cluster up --run-dir "$run_dir" --nodes 4 --bin-dir "$build_dir" --allocator none \
-      --shards-config deploy/local/shards.yaml --node-config deploy/local/node.yaml >/dev/null
+      --shards-config deploy/local/shards.yaml --node-config "$node_config" >/dev/null
     push "$arm" &
     pusher=$!
     router="127.0.0.1:$(awk '$1 == "router" {print $4}' "$run_dir/cluster.state")"
@@ -99,7 +102,7 @@ for seed in ${seeds//,/ }; do
 done
 
 {
-  echo "move cost: α $base, every arm pushed every ${window_s} s; seeds $seeds"
+  echo "move cost: α $base, every arm pushed every ${window_s} s; seeds $seeds; nodes $node_config"
   printf "%-5s %-7s %-7s %9s %9s   %s\n" seed arm phase "P99 ms" "SLO %" "median window dP99 vs hold"
   for seed in ${seeds//,/ }; do
     dir=$out/seed$seed

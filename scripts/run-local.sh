@@ -17,20 +17,26 @@
 #      (out/local/main-job.png) and says where everything is.
 # The cluster is stopped on exit, Ctrl-C or failure.
 # Options: --quick (30 s phases and warm-up; CI runs it), --phase-s N (default 50), --warmup-s N
-#   (default 40), --seed N (default 7),
+#   (default 40), --seed N (default 7), --hlem-arg FLAG (repeatable: passed to the HLEM run's
+#   allocator, e.g. --hlem-arg=--deadband=0),
 #   HLEM_JOBS=N (build parallelism), HLEM_BUILD_DIR=dir (default build-release; CI passes its own).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 phase_s=50 warmup_s=40 seed=7 grid=0.05
+hlem_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) phase_s=30 warmup_s=30 grid=0.1; shift ;;
+    --hlem-arg=*) hlem_args+=("--allocator-arg=${1#--hlem-arg=}"); shift ;;
+    --hlem-arg)
+      [ $# -ge 2 ] || { echo "run-local.sh: $1 needs a value" >&2; exit 2; }
+      hlem_args+=("--allocator-arg=$2"); shift 2 ;;
     --phase-s|--warmup-s|--seed)
       [ $# -ge 2 ] || { echo "run-local.sh: $1 needs a value" >&2; exit 2; }
       case "$1" in --phase-s) phase_s=$2 ;; --warmup-s) warmup_s=$2 ;; *) seed=$2 ;; esac
       shift 2 ;;
-    *) echo "run-local.sh: unknown argument '$1' (allowed: --quick, --phase-s N, --warmup-s N, --seed N)" >&2
+    *) echo "run-local.sh: unknown argument '$1' (allowed: --quick, --phase-s N, --warmup-s N, --seed N, --hlem-arg FLAG)" >&2
        exit 2 ;;
   esac
 done
@@ -88,7 +94,7 @@ run() {  # run NAME ALLOCATOR_FLAGS...: cluster up, replay the trace, cluster do
   "$hlem" cluster down --run-dir "$run_dir"
 }
 run static --allocator static --allocator-arg="--alpha=$oracle"
-run hlem --allocator hlem --allocator-arg="--weights=$weights"
+run hlem --allocator hlem --allocator-arg="--weights=$weights" "${hlem_args[@]}"
 
 echo
 echo "== local cluster (4 CPU nodes, small HSTU, SLO $slo_ms ms), first $warmup_s s left out;"

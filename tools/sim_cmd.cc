@@ -48,6 +48,7 @@ struct SimFlags {
   uint32_t nodes = 4, emb_sample = 1;
   bool history_sketch = false;
   double alpha = 0.5, slo_ms = 0, warmup_s = 0;
+  double deadband = allocator::ControllerSpec{}.deadband;
   bool quiet = false, calibrate_costs = true;
   std::string faults;
   double fault_detection_s = 2;
@@ -71,6 +72,7 @@ absl::StatusOr<SimSetup> Prepare(const SimFlags& f) {
   o.controller.name = f.controller;
   o.controller.weights = f.weights;
   o.controller.alpha = f.alpha;
+  o.controller.deadband = f.deadband;
   o.slo_ms = f.slo_ms;
   o.warmup_s = f.warmup_s;
   o.faults = f.faults;
@@ -537,6 +539,11 @@ void RegisterSimCommands(CLI::App& app, Run* run) {
   run_cmd->add_option("--weights", r->weights,
                       "the PPO actor of hlem and ppo* (hlem train-ppo --out; "
                       "allocator_service/policies/)");
+  run_cmd
+      ->add_option("--deadband", r->deadband,
+                   "hlem and ppo+adapter move α only to a target at least this far from where it "
+                   "stands (0: every decision moves)")
+      ->check(CLI::Range(0.0, 1.0));
   run_cmd->add_option("--windows-csv", r->windows_csv, "write one row per window here");
   run_cmd->add_option("--faults", r->faults,
                       "kill and restart nodes, the allocator or embedding shards during the "

@@ -78,7 +78,8 @@ class AdapterController final : public Controller {
     // was with that α; the offset is added on top.
     // It re-anchors on the node's α when it did not decide the window before (the first window,
     // or after the recovery controller held the node: PPO resumes from the α recovery left).
-    if (!have_base_ || now.index != last_index_ + 1) base_alpha_ = now.alpha;
+    const bool continuing = have_base_ && now.index == last_index_ + 1;
+    if (!continuing) base_alpha_ = now.alpha;
     have_base_ = true;
     last_index_ = now.index;
     scratch_.assign(history.begin(), history.end());
@@ -89,21 +90,35 @@ class AdapterController final : public Controller {
     std::array<double, 1> z;
     net_.Forward(x, z, nullptr);
     const double offset = o_.max_offset * std::tanh(z[0]);
-    // Dither when the recent αs are too close for the local fit to see a slope.
+    // Dither when the recent αs are too close for the local fit to see a slope (not behind a
+    // deadband: a move that small would be held).
     double dither = 0;
-    if (o_.dither > 0 && !FitLocalOptimum(history, o_).has_value()) {
+    if (o_.dither > 0 && o_.deadband == 0 && !FitLocalOptimum(history, o_).has_value()) {
       dither_sign_ = -dither_sign_;
       dither = dither_sign_ * o_.dither;
     }
-    const double alpha = o_.bounds.Clip(base_alpha_ + offset + dither);
+    double alpha = o_.bounds.Clip(base_alpha_ + offset + dither);
+    // The deadband: a move costs (refill, evicted K/V), so α moves only to a target at least
+    // `deadband` from where it stands — the α this adapter set, or the node's when it did not
+    // decide the window before.
+    std::string held;
+    if (o_.deadband > 0) {
+      const double from = o_.bounds.Clip(continuing ? applied_ : now.alpha);
+      if (std::abs(alpha - from) < o_.deadband) {
+        held = absl::StrFormat(", held at %.2f (within the deadband %.2f)", from, o_.deadband);
+        alpha = from;
+        d.reason = Reason::kHold;
+      }
+    }
+    applied_ = alpha;
     pending_ = true;
     pending_x_ = x;
     pending_base_ = base_alpha_;
     const size_t keep = std::min(history.size(), static_cast<size_t>(o_.fit_windows));
     recent_.assign(history.end() - static_cast<std::ptrdiff_t>(keep), history.end());
-    d.detail = absl::StrFormat("%s; adapter: base alpha %.2f, offset %+.3f%s: alpha %.2f", d.detail,
-                               base_alpha_, offset,
-                               dither != 0 ? absl::StrFormat(", dither %+.2f", dither) : "", alpha);
+    d.detail = absl::StrFormat(
+        "%s; adapter: base alpha %.2f, offset %+.3f%s%s: alpha %.2f", d.detail, base_alpha_, offset,
+        dither != 0 ? absl::StrFormat(", dither %+.2f", dither) : "", held, alpha);
     d.alpha = alpha;
     return d;
   }
@@ -195,6 +210,7 @@ class AdapterController final : public Controller {
   std::vector<WindowState> scratch_;  // the history as the base policy sees it
   bool have_base_ = false;
   double base_alpha_ = 0;    // the base policy's own α
+  double applied_ = 0;       // the α of the last decision
   uint64_t last_index_ = 0;  // the window of the last decision
   bool have_ema_ = false;
   double latency_ema_ = 0;
@@ -333,16 +349,16 @@ absl::StatusOr<std::unique_ptr<Controller>> MakeAdapter(std::unique_ptr<Controll
         "adapter: hidden, replay and batch must be positive, steps >= 0, fit_windows >= 3");
   }
   for (double v : {o.max_offset, o.eta0, o.eta_cap, o.latency_ema, o.fit_decay, o.min_spread,
-                   o.dither, o.reach, o.min_gain, o.noise_floor, o.confidence}) {
+                   o.dither, o.reach, o.min_gain, o.noise_floor, o.confidence, o.deadband}) {
     if (!(v >= 0) || !std::isfinite(v)) {
       return absl::InvalidArgumentError("adapter: rates, bounds and thresholds must be >= 0");
     }
   }
-  if (o.max_offset > 1 || o.latency_ema > 1 || o.fit_decay > 1 || o.fit_decay <= 0 ||
-      !o.bounds.Valid()) {
+  if (o.max_offset > 1 || o.latency_ema > 1 || o.deadband > 1 || o.fit_decay > 1 ||
+      o.fit_decay <= 0 || !o.bounds.Valid()) {
     return absl::InvalidArgumentError(
-        "adapter: max_offset and latency_ema in [0, 1], fit_decay in (0, 1], 0 <= alpha_min <= "
-        "alpha_max <= 1");
+        "adapter: max_offset, latency_ema and deadband in [0, 1], fit_decay in (0, 1], 0 <= "
+        "alpha_min <= alpha_max <= 1");
   }
   return std::unique_ptr<Controller>(std::make_unique<AdapterController>(std::move(base), o));
 }

@@ -44,6 +44,12 @@
 // Decide() runs the base policy and one forward pass and records the sample; Learn() (after the
 // α has been applied: the allocator calls it after its pushes, the twin after SetAlpha) labels the
 // sample and runs `steps` Adam steps. Deterministic for a seed.
+//
+// Deadband: moving α costs on the real cluster whatever the size of the move (refill traffic and
+// the K/V or EMB content a shrinking side loses: docs/allocator.md, "Why the SmartAllocator holds
+// still"), so with deadband > 0 the node keeps its α until base + offset is at least `deadband`
+// away; the base policy meanwhile steers its own α as before, so a drift is followed in jumps of
+// at least `deadband`. No dither then: a ±dither move is held anyway.
 
 #include <array>
 #include <cstdint>
@@ -76,6 +82,9 @@ struct AdapterOptions {
   double min_gain = 0.005;    // predicted reward gain of α̂ over α_base to act on ...
   double confidence = 2;      // ... and at least this many standard errors of that gain
   double noise_floor = 0.01;  // the least reward noise (σ) the fit assumes
+  // α moves only to a target at least this far from where it stands (0: every decision moves;
+  // > 0 also turns the dither off). The SmartAllocator's is ControllerSpec::deadband.
+  double deadband = 0;
   uint64_t seed = 1;
   Bounds bounds;
 };

@@ -144,6 +144,41 @@ TEST(AdapterTest, ResumesFromTheAlphaSomeoneElseSetAfterAGap) {
   EXPECT_NEAR(c->Decide(h).alpha, 0.26, 1e-9);  // the base steps from 0.2, not from 0.5
 }
 
+TEST(AdapterTest, TheDeadbandHoldsSmallMovesAndFollowsADriftInJumps) {
+  AdapterOptions o;
+  o.deadband = 0.1;
+  absl::StatusOr<std::unique_ptr<Controller>> c =
+      MakeAdapter(std::make_unique<TowardController>(0.9), o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const Regime r{.alpha_star = 0.5, .hot_ratio = 0.2, .seq_len_norm = 0.5};
+  // Steady latency whatever α (η = 0): the offset stays 0 and the base alone steers.
+  const auto window = [&r](uint64_t t, double alpha) {
+    WindowState w = PlantWindow(t, r, alpha, 0);
+    w.p99_seconds = 0.040;
+    return w;
+  };
+  std::vector<WindowState> h;
+  std::vector<double> applied;
+  double alpha = 0.5;
+  for (uint64_t t = 0; t < 12; ++t) {
+    h.push_back(window(t, alpha));
+    const Decision d = (*c)->Decide(h);
+    (*c)->Learn();
+    EXPECT_EQ(d.reason, d.alpha == alpha ? Reason::kHold : Reason::kPolicy) << t;
+    alpha = d.alpha;
+    applied.push_back(alpha);
+  }
+  // The base steps 0.56, 0.62, ... 0.90 on its own; the node follows in jumps of >= 0.1 and stays
+  // put within 0.1 of the base's fixed point (no dither).
+  const std::vector<double> want = {0.5,  0.62, 0.62, 0.74, 0.74, 0.86,
+                                    0.86, 0.86, 0.86, 0.86, 0.86, 0.86};
+  ASSERT_EQ(applied.size(), want.size());
+  for (size_t t = 0; t < want.size(); ++t) EXPECT_NEAR(applied[t], want[t], 1e-9) << t;
+  // It holds the α it set, not a window's stale one (a window that closed before the push took).
+  h.push_back(window(12, 0.74));
+  EXPECT_NEAR((*c)->Decide(h).alpha, 0.86, 1e-9);
+}
+
 TEST(AdapterTest, RejectsBadOptions) {
   EXPECT_FALSE(MakeAdapter(nullptr).ok());
   AdapterOptions o;
@@ -154,6 +189,9 @@ TEST(AdapterTest, RejectsBadOptions) {
   EXPECT_FALSE(MakeAdapter(std::make_unique<TowardController>(0.5), o).ok());
   o = {};
   o.fit_decay = 0;
+  EXPECT_FALSE(MakeAdapter(std::make_unique<TowardController>(0.5), o).ok());
+  o = {};
+  o.deadband = 1.5;
   EXPECT_FALSE(MakeAdapter(std::make_unique<TowardController>(0.5), o).ok());
 }
 

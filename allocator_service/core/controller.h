@@ -49,7 +49,7 @@ inline constexpr std::array<double, 7> kActions = {-0.06, -0.04, -0.02, 0.0, 0.0
 
 enum class Reason : uint8_t {
   kStatic,    // a fixed α
-  kHold,      // no usable window (no requests): α kept
+  kHold,      // α kept: no usable window (no requests), or a move inside the adapter's deadband
   kPolicy,    // the base policy's action
   kRecovery,  // the recovery controller is active
   kBaseline,  // a baseline controller's own rule

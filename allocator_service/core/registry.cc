@@ -82,6 +82,9 @@ absl::StatusOr<ControllerFactory> MakeControllerFactory(const ControllerSpec& sp
   if (!(spec.alpha >= 0 && spec.alpha <= 1)) {
     return absl::InvalidArgumentError("--alpha: must be in [0, 1]");
   }
+  if (!(spec.deadband >= 0 && spec.deadband <= 1)) {
+    return absl::InvalidArgumentError("--deadband: must be in [0, 1]");
+  }
   std::shared_ptr<const Mlp> actor;
   if (UsesPolicy(spec.name)) {
     if (spec.weights.empty()) {
@@ -108,7 +111,7 @@ absl::StatusOr<ControllerFactory> MakeControllerFactory(const ControllerSpec& sp
     }
   }
   const uint64_t seed = spec.seed;
-  const AdapterOptions adapter{.seed = seed, .bounds = bounds};
+  const AdapterOptions adapter{.deadband = spec.deadband, .seed = seed, .bounds = bounds};
   const RecoveryOptions recovery{.bounds = bounds};
   // Every part was checked above: the makers below cannot fail.
   return ControllerFactory([=]() -> std::unique_ptr<Controller> {

@@ -44,10 +44,14 @@ struct ControllerSpec {
   double alpha = 0.5;   // static, recovery
   Bounds bounds;        // the learned controllers', the recovery controller's and PID's
   uint64_t seed = 1;    // the adapter's and XGBoost's
+  // The adapter's deadband (hlem, ppo+adapter): α moves only to a target at least this far from
+  // where it stands (AdapterOptions::deadband; 0: every decision moves, as before 2026-12-06).
+  double deadband = 0.1;
 };
 
 // Checks the spec once (errors name the flag: --controller for an unknown name, --weights for a
-// missing, unreadable or wrongly shaped actor, --alpha-min/--alpha-max for crossed bounds) and
+// missing, unreadable or wrongly shaped actor, --alpha-min/--alpha-max for crossed bounds,
+// --deadband outside [0, 1]) and
 // returns a factory of fresh instances, one per node (incarnation).
 absl::StatusOr<ControllerFactory> MakeControllerFactory(const ControllerSpec& spec);
 

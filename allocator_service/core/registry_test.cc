@@ -76,6 +76,8 @@ TEST(RegistryTest, BadSpecsNameTheFlag) {
   bad = MakeControllerFactory({.name = "pid", .bounds = {.alpha_min = 0.8, .alpha_max = 0.2}});
   EXPECT_NE(bad.status().message().find("--alpha-min"), std::string::npos);
   EXPECT_FALSE(MakeControllerFactory({.name = "static", .alpha = 1.5}).ok());
+  bad = MakeControllerFactory({.name = "hlem", .weights = kPolicy, .deadband = -0.1});
+  EXPECT_NE(bad.status().message().find("--deadband"), std::string::npos) << bad.status();
   // Static controllers need no weights.
   EXPECT_TRUE(MakeControllerFactory({.name = "kv_only"}).ok());
 }

@@ -70,7 +70,14 @@ absl::StatusOr<NodeConfig> ParseNodeConfig(const YAML::Node& root, const std::st
         .Bytes("chunk_bytes", &c.refill.chunk_bytes, 1, 1ull << 30)
         .Bytes("burst_bytes", &c.refill.burst_bytes, 1, 1ull << 32);
     U32(r, "popularity_capacity", &c.popularity_capacity, 16, 1 << 26);
-    c.refill.max_copy_bytes = c.refill.chunk_bytes;
+    // One refill copy holds the link against a miss for its whole length: copy_bytes splits a
+    // chunk's copies finer than its fetch (docs/calibration.md). Default: the chunk.
+    uint64_t copy_bytes = 0;
+    r.Bytes("copy_bytes", &copy_bytes, 1, 1ull << 30);
+    c.refill.max_copy_bytes = copy_bytes > 0 ? copy_bytes : c.refill.chunk_bytes;
+    if (copy_bytes > c.refill.chunk_bytes) {
+      r.AddError("copy_bytes", "must not exceed chunk_bytes");
+    }
     if (c.refill.burst_bytes < c.refill.chunk_bytes) {
       r.AddError("burst_bytes", "must hold one chunk (>= chunk_bytes)");
     }

@@ -72,6 +72,16 @@ TEST(NodeConfigTest, TheDeviceIsCpuOrCuda) {
   EXPECT_NE(bad.status().message().find("memory.device"), std::string::npos) << bad.status();
 }
 
+TEST(NodeConfigTest, RefillCopiesDefaultToTheChunkAndMayBeFiner) {
+  auto whole = Parse(std::string(kMinimal) + "refill: {chunk_bytes: 16KiB}\n");
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(whole->refill.max_copy_bytes, 16u << 10);
+  auto fine = Parse(std::string(kMinimal) + "refill: {chunk_bytes: 16KiB, copy_bytes: 1KiB}\n");
+  ASSERT_TRUE(fine.ok()) << fine.status();
+  EXPECT_EQ(fine->refill.chunk_bytes, 16u << 10);
+  EXPECT_EQ(fine->refill.max_copy_bytes, 1u << 10);
+}
+
 TEST(NodeConfigTest, ErrorsNameTheField) {
   auto expect_error = [](const std::string& yaml, const std::string& field) {
     auto c = Parse(yaml);
@@ -89,6 +99,9 @@ TEST(NodeConfigTest, ErrorsNameTheField) {
   expect_error(std::string(kMinimal) + "memory: {pool_bytes: 1MiB, page_bytes: 1MiB}\n",
                "memory.page_bytes");
   expect_error(std::string(kMinimal) + "node: {slo: fast}\n", "node.slo");
+  expect_error(std::string(kMinimal) + "refill: {chunk_bytes: 4KiB, copy_bytes: 8KiB}\n",
+               "refill.copy_bytes");
+  expect_error(std::string(kMinimal) + "refill: {copy_bytes: 0}\n", "refill.copy_bytes");
   expect_error(std::string(kMinimal) + "queue: {max_batch: 0}\n", "queue.max_batch");
   expect_error(std::string(kMinimal) + "node: {colour: blue}\n", "node.colour");
   expect_error(

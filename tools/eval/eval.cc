@@ -404,11 +404,12 @@ std::string RunKey(const tools::SimSetupOptions& o, double alpha) {
   const allocator::ControllerSpec& c = o.controller;
   return absl::StrFormat(
       "trace=%s node=%s costs=%s router=%s nodes=%d emb_sample=%d sketch=%d calibrate=%d "
-      "controller=%s weights=%s seed=%d bounds=%.4f:%.4f slo=%.4f warmup=%.4f alpha=%.4f",
+      "controller=%s weights=%s seed=%d bounds=%.4f:%.4f deadband=%.4f slo=%.4f warmup=%.4f "
+      "alpha=%.4f",
       fs::path(o.trace).filename().string(), content(o.node_config), content(o.costs), o.router,
       o.nodes, o.emb_sample, o.history_sketch, o.calibrate_costs, c.name,
       c.weights.empty() ? "-" : content(c.weights), c.seed, c.bounds.alpha_min, c.bounds.alpha_max,
-      o.slo_ms, o.warmup_s, alpha);
+      c.deadband, o.slo_ms, o.warmup_s, alpha);
 }
 
 absl::StatusOr<std::vector<std::string>> RunExperimentRuns(const EvalOptions& options,
