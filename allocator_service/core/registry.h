@@ -51,8 +51,7 @@ struct ControllerSpec {
 
 // Checks the spec once (errors name the flag: --controller for an unknown name, --weights for a
 // missing, unreadable or wrongly shaped actor, --alpha-min/--alpha-max for crossed bounds,
-// --deadband outside [0, 1]) and
-// returns a factory of fresh instances, one per node (incarnation).
+// --deadband outside [0, 1]) and returns a factory of fresh instances, one per node (incarnation).
 absl::StatusOr<ControllerFactory> MakeControllerFactory(const ControllerSpec& spec);
 
 }  // namespace hlem::allocator
