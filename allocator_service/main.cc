@@ -73,10 +73,7 @@ int main(int argc, char** argv) {
   app.add_option("--alpha-min", alpha_min, "lower bound of α for the learned controllers and PID")
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--alpha-max", alpha_max, "upper bound of α")->check(CLI::Range(0.0, 1.0));
-  app.add_option("--deadband", deadband,
-                 "hlem and ppo+adapter move a node's α only to a target at least this far from "
-                 "where it stands (0: every decision moves)")
-      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--deadband", deadband, alloc::kDeadbandHelp)->check(CLI::Range(0.0, 1.0));
   app.add_option("--interval-s", interval_s, "decision interval (the nodes' window)")
       ->check(CLI::Range(0.05, 3600.0));
   app.add_option("--rpc-timeout-ms", rpc_timeout_ms, "deadline of each GetState and SetAlpha")

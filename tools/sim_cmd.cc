@@ -539,10 +539,7 @@ void RegisterSimCommands(CLI::App& app, Run* run) {
   run_cmd->add_option("--weights", r->weights,
                       "the PPO actor of hlem and ppo* (hlem train-ppo --out; "
                       "allocator_service/policies/)");
-  run_cmd
-      ->add_option("--deadband", r->deadband,
-                   "hlem and ppo+adapter move α only to a target at least this far from where it "
-                   "stands (0: every decision moves)")
+  run_cmd->add_option("--deadband", r->deadband, allocator::kDeadbandHelp)
       ->check(CLI::Range(0.0, 1.0));
   run_cmd->add_option("--windows-csv", r->windows_csv, "write one row per window here");
   run_cmd->add_option("--faults", r->faults,

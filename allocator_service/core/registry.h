@@ -48,6 +48,10 @@ struct ControllerSpec {
   // where it stands (AdapterOptions::deadband; 0: every decision moves, as before 2026-12-06).
   double deadband = 0.1;
 };
+// The --deadband flag's help, the same in every front end (the allocator, hlem sim run).
+inline constexpr char kDeadbandHelp[] =
+    "hlem and ppo+adapter move a node's α only to a target at least this far from where it stands "
+    "(0: every decision moves)";
 
 // Checks the spec once (errors name the flag: --controller for an unknown name, --weights for a
 // missing, unreadable or wrongly shaped actor, --alpha-min/--alpha-max for crossed bounds,

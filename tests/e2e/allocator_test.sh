@@ -35,6 +35,7 @@ printf 'hlem-mlp 1\nactivation tanh\nnormaliser 7\n0 0 0 0 0 0 0\n1 1 1 1 1 1 1\
   "1 0 0 0 0 0 0" "0 1 0 0 0 0 0" >"$run/shape.mlp"
 expect_usage "7 inputs to 2 outputs" --controller ppo --weights "$run/shape.mlp"
 expect_usage "--alpha-min" --alpha-min 0.8 --alpha-max 0.2
+expect_usage "--deadband" --deadband 1.5
 
 "$hlem" cluster up --run-dir "$run" --nodes 2 --bin-dir "$build" \
   --shards-config "$src/tests/e2e/shards.yaml" --node-config "$src/tests/e2e/node.yaml" \
