@@ -73,6 +73,11 @@ bool RealClock::Cancel(TimerId id) {
   return timers_.Cancel(id);
 }
 
+TimerStats RealClock::Stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
 void RealClock::SleepUntil(absl::Time when) {
   absl::Duration d = when - absl::Now();
   if (d > absl::ZeroDuration()) absl::SleepFor(d);
@@ -82,10 +87,23 @@ void RealClock::TimerLoop() {
   absl::MutexLock lock(&mu_);
   while (!stop_) {
     TimerQueue::Entry due;
-    if (timers_.PopDue(absl::Now(), &due)) {
+    const absl::Time now = absl::Now();
+    if (timers_.PopDue(now, &due)) {
       mu_.Unlock();
       due.fn();
+      const absl::Time end = absl::Now();
       mu_.Lock();
+      const uint64_t lag =
+          static_cast<uint64_t>(std::max<int64_t>(0, absl::ToInt64Nanoseconds(now - due.when)));
+      const uint64_t busy =
+          static_cast<uint64_t>(std::max<int64_t>(0, absl::ToInt64Nanoseconds(end - now)));
+      ++stats_.timers;
+      stats_.late_1ms += lag >= 1'000'000 ? 1 : 0;
+      stats_.late_10ms += lag >= 10'000'000 ? 1 : 0;
+      stats_.lag_ns += lag;
+      stats_.max_lag_ns = std::max(stats_.max_lag_ns, lag);
+      stats_.busy_ns += busy;
+      stats_.max_callback_ns = std::max(stats_.max_callback_ns, busy);
       continue;
     }
     // Wake up at the next timer, when a new (possibly earlier) timer is pushed, or on stop.

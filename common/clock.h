@@ -67,7 +67,21 @@ class TimerQueue {
   uint64_t next_seq_ = 0;
 };
 
-// The wall clock. Timers run on one background thread, started lazily.
+// How punctual a RealClock's timer thread is. One timer that runs long delays every timer due
+// behind it (they share the thread), so a long callback shows up as other timers' lag.
+struct TimerStats {
+  uint64_t timers = 0;           // timers run
+  uint64_t late_1ms = 0;         // run at least 1 ms after their time
+  uint64_t late_10ms = 0;        // ... at least 10 ms after
+  uint64_t lag_ns = 0;           // total lag (time run − time due)
+  uint64_t max_lag_ns = 0;       // the largest lag
+  uint64_t busy_ns = 0;          // total time inside callbacks
+  uint64_t max_callback_ns = 0;  // the longest callback
+};
+
+// The wall clock. Timers run on one background thread, started lazily. A component whose timers
+// may block (a fetch over the network) gets its own RealClock, so that it never delays the timers
+// of the critical path (the serving node's link completions: serving_node/main.cc).
 class RealClock final : public Clock {
  public:
   static RealClock& Get();
@@ -77,14 +91,16 @@ class RealClock final : public Clock {
   TimerId ScheduleAt(absl::Time when, std::function<void()> fn) override;
   bool Cancel(TimerId id) override;
   void SleepUntil(absl::Time when) override;
+  TimerStats Stats() const;
 
  private:
   void TimerLoop();
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   TimerQueue timers_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t pushes_ ABSL_GUARDED_BY(mu_) = 0;  // wakes the timer thread on every new timer
-  std::thread thread_;                        // started on first ScheduleAt
+  TimerStats stats_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;  // started on first ScheduleAt
 };
 
 // Simulated time: starts at `start` and moves only when told to. Timers run on the thread that

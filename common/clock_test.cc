@@ -158,6 +158,27 @@ TEST(RealClockTest, CancelledTimerNeverRuns) {
   EXPECT_FALSE(clock.Cancel(id));
 }
 
+TEST(RealClockTest, StatsShowALongTimerAsTheLagOfTheOnesBehindIt) {
+  RealClock clock;
+  Event second_ran;
+  const absl::Time at = absl::Now() + absl::Milliseconds(5);
+  clock.ScheduleAt(at, [] { absl::SleepFor(absl::Milliseconds(30)); });
+  clock.ScheduleAt(at, [&] { second_ran.Notify(); });
+  ASSERT_TRUE(second_ran.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  // The first timer's stats may not be recorded until its successor has been popped; wait for
+  // the second's own record too.
+  TimerStats s;
+  for (int i = 0; i < 500 && (s = clock.Stats()).timers < 2; ++i)
+    absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_EQ(s.timers, 2u);
+  EXPECT_GE(s.max_callback_ns, 30'000'000u);  // the sleeper
+  EXPECT_GE(s.max_lag_ns, 30'000'000u);       // the timer due with it waited for it
+  EXPECT_GE(s.late_10ms, 1u);
+  EXPECT_GE(s.late_1ms, s.late_10ms);
+  EXPECT_GE(s.lag_ns, s.max_lag_ns);
+  EXPECT_GE(s.busy_ns, s.max_callback_ns);
+}
+
 TEST(RealClockTest, SleepForWaits) {
   RealClock clock;
   absl::Time start = absl::Now();

@@ -117,8 +117,11 @@ int main(int argc, char** argv) {
   }
   hlem::serving::SetComputeThreads(config->compute_threads);
 
-  // Declared before everything that schedules on it, so it is destroyed last.
+  // Declared before everything that schedules on them, so they are destroyed last. `clock` runs
+  // the critical path's timers (the link's completions, batching, windows); `background` the
+  // refiller and the memory manager, whose timers may block (LocalNodeOptions::background_clock).
   hlem::RealClock clock;
+  hlem::RealClock background;
   hlem::MetricsRegistry registry;
   std::unique_ptr<hlem::MetricsExposer> exposer;
   if (!metrics_listen.empty()) {
@@ -142,7 +145,7 @@ int main(int argc, char** argv) {
   const uint64_t epoch = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
   hlem::serving::NodeMetrics metrics(registry, absl::ToDoubleSeconds(config->node.slo));
   config->queue.on_batch = [&metrics](size_t requests) { metrics.ObserveBatch(requests); };
-  auto stack = hlem::serving::NodeStack::Build(*config, source, epoch, clock);
+  auto stack = hlem::serving::NodeStack::Build(*config, source, epoch, clock, &background);
   if (!stack.ok()) return Fail(stack.status());
   hlem::serving::NodeStack& s = **stack;
   s.node->SetAnswerObserver(
@@ -181,8 +184,8 @@ int main(int argc, char** argv) {
   service->SetAdminPort(static_cast<uint32_t>((*server)->admin_port()));
 
   // Gauges and cumulative counters into Prometheus once a second.
-  auto refresher =
-      std::make_unique<hlem::PeriodicThread>(absl::Seconds(1), [&] { metrics.Refresh(*s.node); });
+  auto refresher = std::make_unique<hlem::PeriodicThread>(
+      absl::Seconds(1), [&] { metrics.Refresh(*s.node, clock.Stats()); });
 
   hlem::WritePortsFile(ports_file, {{"grpc", (*server)->port()},
                                     {"admin", (*server)->admin_port()},

@@ -84,6 +84,22 @@ Refiller::~Refiller() {
 }
 
 void Refiller::Kick() {
+  absl::MutexLock lock(&mu_);
+  const uint64_t gen = ++kick_gen_;
+  ++stats_.kicks;
+  stats_.cancelled = false;
+  plan_pending_ = true;
+  clock_.ScheduleAfter(absl::ZeroDuration(), [life = life_, gen] {
+    absl::MutexLock life_lock(&life->mu);
+    if (life->owner != nullptr) life->owner->Plan(gen);
+  });
+}
+
+void Refiller::Plan(uint64_t gen) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (gen != kick_gen_ || stats_.cancelled) return;  // a later Kick plans, or none is wanted
+  }
   // Plan outside the lock: TopK copies the sketch, Peek takes the cache's lock per row.
   std::vector<PopularRow> top = sketch_.TopK(UINT32_MAX);
   std::vector<Queue> plan;
@@ -95,15 +111,16 @@ void Refiller::Kick() {
     plan[it->second].rows.push_back(p);
   }
   absl::MutexLock lock(&mu_);
+  if (gen != kick_gen_ || stats_.cancelled) return;  // kicked again or cancelled meanwhile
+  plan_pending_ = false;
   plan_ = std::move(plan);
-  ++stats_.kicks;
-  stats_.cancelled = false;
   if (!stats_.in_flight) ScheduleTickLocked(absl::ZeroDuration());
 }
 
 void Refiller::Cancel() {
   absl::MutexLock lock(&mu_);
   stats_.cancelled = true;
+  plan_pending_ = false;
   plan_.clear();
   if (timer_set_) {
     clock_.Cancel(timer_);
@@ -286,7 +303,7 @@ RefillStats Refiller::GetStats() const {
   absl::MutexLock lock(&mu_);
   RefillStats s = stats_;
   s.backlog_rows = BacklogLocked();
-  s.done = !s.in_flight && plan_.empty();
+  s.done = !s.in_flight && plan_.empty() && !plan_pending_;
   return s;
 }
 

@@ -24,7 +24,9 @@
 //
 // Driving. Everything runs in Clock timers: a tick every `poll_interval` while work remains and
 // the throttle says wait, and one right after each chunk completes. The RowSource fetch runs in
-// that timer (it blocks the clock's timer thread on a RealClock). Cancel() (α shrank again)
+// that timer (it blocks the clock's timer thread on a RealClock: the serving node gives the
+// Refiller a clock of its own for this, so that its link completions never wait behind a fetch or
+// a plan; docs/node.md, "Background clock"). Cancel() (α shrank again)
 // issues no new chunk; the chunk in flight finishes (commits or aborts) normally.
 //
 // Ownership: borrows the cache, device, row source, sketch and clock; the cache and the device
@@ -68,7 +70,7 @@ struct RefillStats {
   uint64_t deferred_rate = 0;      // ticks that waited for tokens
   bool in_flight = false;          // a chunk is being copied (now)
   bool cancelled = false;          // the last plan was cancelled
-  bool done = true;                // no plan left and nothing in flight
+  bool done = true;                // no plan left or pending and nothing in flight
 };
 
 class Refiller {
@@ -83,7 +85,10 @@ class Refiller {
   Refiller(const Refiller&) = delete;
   Refiller& operator=(const Refiller&) = delete;
 
-  // Plans anew from the sketch and starts (or continues) refilling. Clears a cancellation.
+  // Plans anew from the sketch and starts (or continues) refilling. Clears a cancellation. The
+  // plan (the sketch's top rows, each looked up in the cache) is made in a timer on the
+  // Refiller's clock, not on the caller's thread: the node kicks from its own timers, which must
+  // not wait on it.
   void Kick();
   // Stops issuing chunks and drops the plan; the chunk in flight completes normally.
   void Cancel();
@@ -100,6 +105,8 @@ class Refiller {
 
   Refiller(const RefillOptions& options, EmbCache& cache, Device& device, RowSource& source,
            PopularitySketch& sketch, Clock& clock);
+  // Makes the plan of the Kick numbered `gen` (a later Kick or a Cancel voids it).
+  void Plan(uint64_t gen);
   // Runs the tick scheduled as `gen` (older timers are ignored).
   void Tick(uint64_t gen);
   void ScheduleTickLocked(absl::Duration delay) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -127,6 +134,8 @@ class Refiller {
   absl::Time tokens_at_ ABSL_GUARDED_BY(mu_);
   bool timer_set_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t tick_gen_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t kick_gen_ ABSL_GUARDED_BY(mu_) = 0;
+  bool plan_pending_ ABSL_GUARDED_BY(mu_) = false;  // a Kick whose plan is not made yet
   TimerId timer_ ABSL_GUARDED_BY(mu_) = 0;
   RefillStats stats_ ABSL_GUARDED_BY(mu_);
 };

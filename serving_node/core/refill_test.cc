@@ -294,6 +294,44 @@ TEST(RefillerTest, CancelStopsIssuingChunks) {
   EXPECT_FALSE(rig.refiller->GetStats().cancelled);
 }
 
+// The node kicks from a timer of its own clock; the plan (the whole sketch, a cache lookup per
+// row) must not run there but in a timer of the Refiller's clock.
+TEST(RefillerTest, KickPlansInATimerOfTheRefillersClock) {
+  Rig rig(Fast(), 0);
+  Rng rng(7);
+  rig.Lookups(50000, rng, /*admit=*/false);
+  rig.cache->SetBudgetPages(8);
+  rig.refiller->Kick();
+  RefillStats s = rig.refiller->GetStats();
+  EXPECT_EQ(s.kicks, 1u);
+  EXPECT_FALSE(s.done);              // a plan is pending ...
+  EXPECT_EQ(s.backlog_rows, 0u);     // ... and not made on the caller's thread
+  ASSERT_TRUE(rig.clock.RunNext());  // the plan's timer: planned, nothing issued yet
+  s = rig.refiller->GetStats();
+  EXPECT_GT(s.backlog_rows, 0u);
+  EXPECT_EQ(s.rows_refilled, 0u);
+  rig.RunUntilDone(absl::Seconds(1));
+  EXPECT_EQ(rig.refiller->GetStats().rows_refilled, 8u * 256);
+
+  // A Cancel before the plan is made voids the Kick; of two Kicks in a row only the last plans.
+  rig.cache->SetBudgetPages(16);
+  rig.refiller->Kick();
+  rig.refiller->Cancel();
+  rig.clock.AdvanceBy(absl::Milliseconds(100));  // runs the voided plan's timer
+  s = rig.refiller->GetStats();
+  EXPECT_TRUE(s.done);
+  EXPECT_TRUE(s.cancelled);
+  EXPECT_EQ(s.rows_refilled, 8u * 256);
+  rig.refiller->Kick();
+  rig.refiller->Kick();
+  ASSERT_TRUE(rig.clock.RunNext());  // the first Kick's timer: voided
+  EXPECT_EQ(rig.refiller->GetStats().backlog_rows, 0u);
+  EXPECT_FALSE(rig.refiller->GetStats().done);
+  rig.RunUntilDone(absl::Seconds(1));
+  EXPECT_EQ(rig.refiller->GetStats().rows_refilled, 16u * 256);
+  EXPECT_EQ(rig.refiller->GetStats().kicks, 4u);
+}
+
 TEST(RefillerTest, FailuresLeaveNoPendingEntries) {
   Rig rig(Fast(), 0);
   Rng rng(5);

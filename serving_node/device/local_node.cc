@@ -53,11 +53,12 @@ absl::Status LocalNode::Assemble(const LocalNodeOptions& options, RowSource& sou
       kv, KvCache::Create({.layers = runner.layers(), .kv_dim = runner.kv_dim(), .dtype_bytes = 4},
                           *pool, events.get(), clock));
   ASSIGN_OR_RETURN(emb, EmbCache::Create(emb_options, *pool, clock));
-  ASSIGN_OR_RETURN(memory, MemoryManager::Create(options.memory, *pool, *kv, *emb, clock));
+  Clock& background = options.background_clock != nullptr ? *options.background_clock : clock;
+  ASSIGN_OR_RETURN(memory, MemoryManager::Create(options.memory, *pool, *kv, *emb, background));
   ASSIGN_OR_RETURN(sketch, PopularitySketch::Create({.capacity = options.popularity_capacity}));
   if (options.refill_enabled) {
     ASSIGN_OR_RETURN(refiller,
-                     Refiller::Create(options.refill, *emb, *device, source, *sketch, clock));
+                     Refiller::Create(options.refill, *emb, *device, source, *sketch, background));
   }
   ASSIGN_OR_RETURN(tracker,
                    ResidencyTracker::Create({.residency_shard_rows = options.residency_shard_rows,

@@ -61,6 +61,12 @@ struct LocalNodeOptions {
   // further behind takes a snapshot). 104 bytes each: 64 Ki hold 6.5 MiB, about 100 s of the
   // local profile's events. 1 Mi (104 MiB) grew the soak's nodes by 3.5 MiB/min for 25 minutes.
   uint64_t events_retained = 1 << 16;
+  // The clock of the background work, whose timers may block for a while: the refiller (its plan
+  // walks the popularity sketch, its fetch is a shard RPC) and the memory manager's reclaim steps.
+  // Null: the node's clock. The serving_node binary gives them a RealClock of their own, so that
+  // the timers of the critical path on the node's clock (the emulated link's completions, which
+  // every miss waits for) never wait behind them (docs/node.md, "Background clock").
+  Clock* background_clock = nullptr;
   // Features, limits; `on_lookup` is set to the residency tracker.
   PipelineOptions pipeline;
   // Row sizes of the features' tables as the row source serves them; a table not listed has

@@ -81,7 +81,20 @@ NodeMetrics::NodeMetrics(MetricsRegistry& r, double slo_seconds)
                           "Bytes copied to the device, by purpose (emb_miss, emb_refill, kv)")),
       link_utilization_(Gauge(r, "hlem_node_link_utilization_ratio",
                               "Link busy time / window length, last closed window")
-                            .Add({})) {}
+                            .Add({})),
+      timers_(Counter(r, "hlem_node_timers_total",
+                      "Timers run on the node's clock (link completions, batching, windows)")
+                  .Add({})),
+      timers_late_(Counter(r, "hlem_node_timers_late_total",
+                           "Timers of the node's clock that ran at least `by` after their time")),
+      timers_late_1ms_(&timers_late_.Add({{"by", "1ms"}})),
+      timers_late_10ms_(&timers_late_.Add({{"by", "10ms"}})),
+      timer_lag_(Counter(r, "hlem_node_timer_lag_seconds_total",
+                         "Total time the node's timers ran after their time")
+                     .Add({})),
+      timer_max_lag_(Gauge(r, "hlem_node_timer_max_lag_seconds",
+                           "The largest lag of a timer of the node's clock since the start")
+                         .Add({})) {}
 
 void NodeMetrics::ObserveAnswer(const NodeAnswer& a) {
   requests_.Add({{"code", absl::StatusCodeToString(a.code)}}).Increment();
@@ -102,7 +115,7 @@ void NodeMetrics::ObserveAnswer(const NodeAnswer& a) {
 
 void NodeMetrics::ObserveBatch(size_t requests) { batch_.Observe(static_cast<double>(requests)); }
 
-void NodeMetrics::Refresh(const Node& node) {
+void NodeMetrics::Refresh(const Node& node, const TimerStats& timers) {
   const NodeGaugesNow g = node.Gauges();
   cache_bytes_.Add({{"owner", "kv"}}).Set(static_cast<double>(g.kv_bytes));
   cache_bytes_.Add({{"owner", "emb"}}).Set(static_cast<double>(g.emb_bytes));
@@ -121,7 +134,12 @@ void NodeMetrics::Refresh(const Node& node) {
       node.parts().refiller != nullptr ? node.parts().refiller->GetStats().bytes_refilled : 0;
   const std::vector<NodeWindow> last = node.Windows(1);
   if (!last.empty()) link_utilization_.Set(last.back().link_utilization_ratio);
+  timer_max_lag_.Set(static_cast<double>(timers.max_lag_ns) * 1e-9);
   absl::MutexLock lock(&mu_);
+  Advance(timers_, timers.timers, &last_timers_.timers);
+  Advance(*timers_late_1ms_, timers.late_1ms, &last_timers_.late_1ms);
+  Advance(*timers_late_10ms_, timers.late_10ms, &last_timers_.late_10ms);
+  Advance(timer_lag_, timers.lag_ns, &last_timers_.lag_ns, 1e-9);
   Advance(refill_bytes_, refilled, &last_refill_bytes_);
   Advance(link_busy_, d.link_busy_ns, &last_busy_ns_, 1e-9);
   for (int p = 0; p < kNumCopyPurposes; ++p) {

@@ -3,11 +3,14 @@
 // latency (with a bucket edge at the SLO) and codes, stage times, KV and EMB hits and misses,
 // batch sizes (per answer / per batch), and gauges and counters sampled from the node by
 // Refresh() (bytes per cache, α target and effective, queue depth, in-flight tokens, load, refill
-// bytes and backlog, link busy time and bytes). Thread-safe.
+// bytes and backlog, link busy time and bytes), and the punctuality of the node's timer thread
+// (the critical path's clock: how many timers ran, how many late, the total and largest lag).
+// Thread-safe.
 
 #include <cstdint>
 
 #include "absl/synchronization/mutex.h"
+#include "common/clock.h"
 #include "common/metrics.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
@@ -23,8 +26,8 @@ class NodeMetrics {
   NodeMetrics(MetricsRegistry& registry, double slo_seconds);
   void ObserveAnswer(const NodeAnswer& answer);
   void ObserveBatch(size_t requests);
-  // Samples the node's gauges and cumulative counters.
-  void Refresh(const Node& node);
+  // Samples the node's gauges and cumulative counters, and its clock's timer statistics.
+  void Refresh(const Node& node, const TimerStats& timers);
 
  private:
   prometheus::Family<prometheus::Counter>& requests_;
@@ -58,11 +61,18 @@ class NodeMetrics {
   prometheus::Counter& link_busy_;
   prometheus::Family<prometheus::Counter>& link_bytes_;
   prometheus::Gauge& link_utilization_;
+  prometheus::Counter& timers_;
+  prometheus::Family<prometheus::Counter>& timers_late_;
+  prometheus::Counter* timers_late_1ms_;
+  prometheus::Counter* timers_late_10ms_;
+  prometheus::Counter& timer_lag_;
+  prometheus::Gauge& timer_max_lag_;
 
   absl::Mutex mu_;  // the last cumulative values seen by Refresh
   uint64_t last_refill_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t last_busy_ns_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t last_link_bytes_[kNumCopyPurposes] ABSL_GUARDED_BY(mu_) = {};
+  TimerStats last_timers_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace hlem::serving

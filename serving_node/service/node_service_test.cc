@@ -133,6 +133,24 @@ TEST(NodeStackTest, TheCudaDeviceWithoutAGpuIsUnavailable) {
       << stack.status();
 }
 
+// The refiller plans, fetches and is ticked on the background clock, never on the node's clock,
+// whose timer thread completes the link's copies (LocalNodeOptions::background_clock).
+TEST(NodeStackTest, RefillRunsOnTheBackgroundClock) {
+  testing::FakeRowSource source;
+  SimClock clock, background;
+  auto stack = NodeStack::Build(SmallConfig(), source, 1, clock, &background);
+  ASSERT_TRUE(stack.ok()) << stack.status();
+  NodeStack& s = **stack;
+  s.Start();
+  ASSERT_TRUE(s.node->SetAlpha(0.9, 1, 1).ok());  // the EMB side grows: the node kicks refill
+  clock.AdvanceBy(absl::Seconds(1));
+  RefillStats r = s.refiller->GetStats();
+  EXPECT_GE(r.kicks, 1u);
+  EXPECT_FALSE(r.done);  // the plan waits for the background clock
+  background.AdvanceBy(absl::Seconds(1));
+  EXPECT_TRUE(s.refiller->GetStats().done);
+}
+
 TEST_F(NodeServiceTest, InferFullAndDeltaModeOverGrpc) {
   Rng rng(1);
   v1::InferRequest req;

@@ -21,10 +21,11 @@ namespace hlem::serving {
 
 absl::StatusOr<std::unique_ptr<NodeStack>> NodeStack::Build(const NodeConfig& config,
                                                             RowSource& source, uint64_t epoch,
-                                                            Clock& clock) {
+                                                            Clock& clock, Clock* background_clock) {
   auto s = std::make_unique<NodeStack>();
   s->config = config;
   ASSIGN_OR_RETURN(LocalNodeOptions options, ResolveLocalNodeOptions(config));
+  options.background_clock = background_clock;
   s->features = options.pipeline.features;
   std::unique_ptr<HstuModel> model;
   if (config.weights.empty()) {

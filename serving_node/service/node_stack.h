@@ -21,10 +21,12 @@ namespace hlem::serving {
 struct NodeStack : LocalNode {
   // `epoch` is the node's incarnation (strictly increasing across restarts). Errors name the
   // config field (e.g. a weights file that does not match model.*). Nothing is started: call
-  // Start().
+  // Start(). `background_clock` runs the refiller and the memory manager (null: `clock`;
+  // LocalNodeOptions::background_clock).
   static absl::StatusOr<std::unique_ptr<NodeStack>> Build(const NodeConfig& config,
                                                           RowSource& source, uint64_t epoch,
-                                                          Clock& clock);
+                                                          Clock& clock,
+                                                          Clock* background_clock = nullptr);
 
   NodeConfig config;
   std::vector<FeatureSpec> features;
