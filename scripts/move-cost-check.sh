@@ -7,8 +7,9 @@
 #   dither:  BASE ± 0.02, the sign alternating by window and by node (the adapter's dither),
 #   step:    BASE ± 0.06, the same (the PPO policy's largest action).
 # Every arm pushes every window (same processes, same RPCs), so only the moves differ. Prints
-# each arm's P99 and SLO satisfaction per phase and the median over windows of its window P99
-# minus the hold arm's (the same trace window; after the warm-up).
+# each arm's P99 and SLO satisfaction per phase, the median over windows of its window P99
+# minus the hold arm's (the same trace window; after the warm-up), and how late the nodes' timers
+# ran (hlem_node_timer*, docs/node.md "Background clock").
 #
 #   scripts/move-cost-check.sh [--seeds 7,8] [--alpha 0.9] [--phase-s 50] [--warmup-s 40]
 #       [--arms hold,dither,step] [--node-config deploy/local/node.yaml] [--out out/move-cost]
@@ -77,6 +78,23 @@ push() {  # push ARM: α to every node at each window start until killed
   done
 }
 
+scrape_timers() {  # the nodes' timer punctuality (hlem_node_timer*), summed over the nodes
+  local f port
+  for f in "$run_dir"/node-*.ports; do
+    port=$(sed -n 's/^metrics=//p' "$f")
+    if [ -z "$port" ] || [ "$port" = 0 ]; then continue; fi
+    # /metrics over bash's /dev/tcp: a fresh machine need not have curl
+    { exec 3<>"/dev/tcp/127.0.0.1/$port" && printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3 && cat <&3; exec 3<&-; } 2>/dev/null || true
+  done | awk '
+    $1 == "hlem_node_timers_total" { n += $2 }
+    $1 == "hlem_node_timers_late_total{by=\"1ms\"}" { l1 += $2 }
+    $1 == "hlem_node_timers_late_total{by=\"10ms\"}" { l10 += $2 }
+    $1 == "hlem_node_timer_lag_seconds_total" { lag += $2 }
+    $1 == "hlem_node_timer_max_lag_seconds" && $2 > max { max = $2 }
+    END { if (n == 0) print "node timers: n/a (no hlem_node_timers_total)"
+          else printf "node timers: %d run, %d late >= 1 ms, %d late >= 10 ms, mean lag %.3f ms, max %.1f ms\n", n, l1, l10, 1e3 * lag / n, 1e3 * max }'
+}
+
 for seed in ${seeds//,/ }; do
   dir=$out/seed$seed
   mkdir -p "$dir"
@@ -96,8 +114,10 @@ for seed in ${seeds//,/ }; do
     kill "$pusher" 2>/dev/null || true
     wait "$pusher" 2>/dev/null || true
     pusher=
+    scrape_timers >"$dir/$arm-timers.txt"
     "$hlem" cluster down --run-dir "$run_dir" >/dev/null
     awk -F, 'NR > 1 { printf "   %-7s P99 %7.2f ms  SLO %6.2f %%\n", $1, $8, 100 * $9 }' "$dir/$arm-phases.csv"
+    sed 's/^/   /' "$dir/$arm-timers.txt"
   done
 done
 
