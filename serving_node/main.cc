@@ -118,7 +118,7 @@ int main(int argc, char** argv) {
   hlem::serving::SetComputeThreads(config->compute_threads);
 
   // Declared before everything that schedules on them, so they are destroyed last. `clock` runs
-  // the critical path's timers (the link's completions, batching, windows); `background` the
+  // the critical path's timers (the link's completions, windows, load reports); `background` the
   // refiller and the memory manager, whose timers may block (LocalNodeOptions::background_clock).
   hlem::RealClock clock;
   hlem::RealClock background;

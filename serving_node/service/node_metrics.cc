@@ -83,7 +83,7 @@ NodeMetrics::NodeMetrics(MetricsRegistry& r, double slo_seconds)
                               "Link busy time / window length, last closed window")
                             .Add({})),
       timers_(Counter(r, "hlem_node_timers_total",
-                      "Timers run on the node's clock (link completions, batching, windows)")
+                      "Timers run on the node's clock (link completions, windows, load reports)")
                   .Add({})),
       timers_late_(Counter(r, "hlem_node_timers_late_total",
                            "Timers of the node's clock that ran at least `by` after their time")),
