@@ -91,8 +91,9 @@ scrape_timers() {  # the nodes' timer punctuality (hlem_node_timer*), summed ove
     $1 == "hlem_node_timers_late_total{by=\"10ms\"}" { l10 += $2 }
     $1 == "hlem_node_timer_lag_seconds_total" { lag += $2 }
     $1 == "hlem_node_timer_max_lag_seconds" && $2 > max { max = $2 }
+    $1 == "hlem_node_timer_busy_seconds_total" { busy += $2 }
     END { if (n == 0) print "node timers: n/a (no hlem_node_timers_total)"
-          else printf "node timers: %d run, %d late >= 1 ms, %d late >= 10 ms, mean lag %.3f ms, max %.1f ms\n", n, l1, l10, 1e3 * lag / n, 1e3 * max }'
+          else printf "node timers: %d run, %d late >= 1 ms, %d late >= 10 ms, mean lag %.3f ms, max %.1f ms, %.1f s inside timers\n", n, l1, l10, 1e3 * lag / n, 1e3 * max, busy }'
 }
 
 for seed in ${seeds//,/ }; do

@@ -94,7 +94,14 @@ NodeMetrics::NodeMetrics(MetricsRegistry& r, double slo_seconds)
                      .Add({})),
       timer_max_lag_(Gauge(r, "hlem_node_timer_max_lag_seconds",
                            "The largest lag of a timer of the node's clock since the start")
-                         .Add({})) {}
+                         .Add({})),
+      timer_busy_(Counter(r, "hlem_node_timer_busy_seconds_total",
+                          "Time the node's timer thread spent inside timers (lag with little "
+                          "busy time is CPU contention, not a long timer)")
+                      .Add({})),
+      timer_max_callback_(Gauge(r, "hlem_node_timer_max_callback_seconds",
+                                "The longest timer of the node's clock since the start")
+                              .Add({})) {}
 
 void NodeMetrics::ObserveAnswer(const NodeAnswer& a) {
   requests_.Add({{"code", absl::StatusCodeToString(a.code)}}).Increment();
@@ -135,11 +142,13 @@ void NodeMetrics::Refresh(const Node& node, const TimerStats& timers) {
   const std::vector<NodeWindow> last = node.Windows(1);
   if (!last.empty()) link_utilization_.Set(last.back().link_utilization_ratio);
   timer_max_lag_.Set(static_cast<double>(timers.max_lag_ns) * 1e-9);
+  timer_max_callback_.Set(static_cast<double>(timers.max_callback_ns) * 1e-9);
   absl::MutexLock lock(&mu_);
   Advance(timers_, timers.timers, &last_timers_.timers);
   Advance(*timers_late_1ms_, timers.late_1ms, &last_timers_.late_1ms);
   Advance(*timers_late_10ms_, timers.late_10ms, &last_timers_.late_10ms);
   Advance(timer_lag_, timers.lag_ns, &last_timers_.lag_ns, 1e-9);
+  Advance(timer_busy_, timers.busy_ns, &last_timers_.busy_ns, 1e-9);
   Advance(refill_bytes_, refilled, &last_refill_bytes_);
   Advance(link_busy_, d.link_busy_ns, &last_busy_ns_, 1e-9);
   for (int p = 0; p < kNumCopyPurposes; ++p) {

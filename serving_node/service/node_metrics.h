@@ -4,7 +4,8 @@
 // batch sizes (per answer / per batch), and gauges and counters sampled from the node by
 // Refresh() (bytes per cache, α target and effective, queue depth, in-flight tokens, load, refill
 // bytes and backlog, link busy time and bytes), and the punctuality of the node's timer thread
-// (the critical path's clock: how many timers ran, how many late, the total and largest lag).
+// (the critical path's clock: how many timers ran, how many late, the total and largest lag, the
+// time spent inside timers and the longest one).
 // Thread-safe.
 
 #include <cstdint>
@@ -67,6 +68,8 @@ class NodeMetrics {
   prometheus::Counter* timers_late_10ms_;
   prometheus::Counter& timer_lag_;
   prometheus::Gauge& timer_max_lag_;
+  prometheus::Counter& timer_busy_;
+  prometheus::Gauge& timer_max_callback_;
 
   absl::Mutex mu_;  // the last cumulative values seen by Refresh
   uint64_t last_refill_bytes_ ABSL_GUARDED_BY(mu_) = 0;
