@@ -26,6 +26,8 @@ if [ "$build_only" = 0 ]; then
     clang-format-14 clang-14 libclang-rt-14-dev libfuzzer-14-dev
     # deploy/ checks (tests/deploy): promtool and a Prometheus server, yamllint
     prometheus yamllint
+    # the end-to-end tests read the services' /metrics (tests/e2e/allocator_test.sh)
+    curl
   )
   # Node.js runs the manifests' schema checks; a machine that has it from elsewhere keeps its own
   # (Debian's npm would conflict with a Node.js that bundles npm).
