@@ -29,7 +29,9 @@ void RegisterEvalCommands(CLI::App& app, Run* run) {
       ->check(CLI::IsMember({"paper", "local"}));
   cmd->add_option("--out", options->out_dir, "results folder (docs/results)");
   cmd->add_option("--work", options->work_dir, "traces and scratch files, reused (out/eval)");
-  cmd->add_option("--seeds", options->seeds, "workload seeds, one trace per regime each (101)")
+  cmd->add_option("--seeds", options->seeds,
+                  "workload seeds, one trace per regime each, for every experiment chosen (e2e and "
+                  "routing: 101-105; the others: 101; --quick: 101)")
       ->delimiter(',');
   cmd->add_option("--layers", options->layers, "HSTU depths of e2e (3,6)")
       ->delimiter(',')

@@ -548,7 +548,8 @@ const std::vector<Experiment>& Experiments() {
       {.name = "e2e",
        .summary = "KV-Opt, the oracle and deployable static α and HLEM per regime and HSTU "
                   "depth (--layers; experiment 1)",
-       .run = EndToEnd},
+       .run = EndToEnd,
+       .seeds = {101, 102, 103, 104, 105}},
       {.name = "alpha-sweep",
        .summary = "P99 against a static α per regime, long and short histories (experiment 2)",
        .run = AlphaSweep},
@@ -566,7 +567,8 @@ const std::vector<Experiment>& Experiments() {
       {.name = "routing",
        .summary = "KV-only, EMB-only, joint (calibrated, configured), least-loaded and "
                   "round-robin routing at one static α (experiment 6)",
-       .run = Routing},
+       .run = Routing,
+       .seeds = {101, 102, 103, 104, 105}},
       {.name = "scale",
        .summary = "weak scaling of throughput with the nodes (--sizes) and the α chosen against "
                   "hot-user ratio × cluster size (experiment 7)",
@@ -597,9 +599,14 @@ absl::Status WriteBarChartResults(const EvalOptions& options, const std::string&
               options.work_dir);
 }
 
-absl::Status RunExperiment(const std::string& name, const EvalOptions& options) {
-  ASSIGN_OR_RETURN(const Profile profile, FindProfile(options.profile, options.quick));
-  if (options.seeds.empty()) return absl::InvalidArgumentError("--seeds: give at least one");
+std::vector<uint64_t> SeedsFor(const Experiment& e, const EvalOptions& options) {
+  if (!options.seeds.empty()) return options.seeds;
+  if (options.quick) return {101};
+  return e.seeds;
+}
+
+absl::Status RunExperiment(const std::string& name, const EvalOptions& all_options) {
+  ASSIGN_OR_RETURN(const Profile profile, FindProfile(all_options.profile, all_options.quick));
   std::vector<const Experiment*> chosen;
   std::vector<std::string> known;
   for (const Experiment& e : Experiments()) {
@@ -611,6 +618,8 @@ absl::Status RunExperiment(const std::string& name, const EvalOptions& options) 
         absl::StrCat("no experiment '", name, "' (known: all, ", absl::StrJoin(known, ", "), ")"));
   }
   for (const Experiment* e : chosen) {
+    EvalOptions options = all_options;
+    options.seeds = SeedsFor(*e, all_options);
     Stamp stamp;
     stamp.commit = Git(options.repo, {"describe", "--always", "--dirty"});
     stamp.binary = BuildCommit();

@@ -151,6 +151,30 @@ TEST_F(EvalTest, UnknownNamesAreErrorsThatListTheKnownOnes) {
   EXPECT_THAT(std::string(st.message()), HasSubstr("alpha-sweep"));
 }
 
+// `hlem eval all` with no --seeds makes each page with the seeds it is published with.
+TEST(SeedsForTest, EachExperimentsOwnUnlessGivenOrQuick) {
+  auto find = [](const std::string& name) {
+    for (const Experiment& e : Experiments()) {
+      if (e.name == name) return e;
+    }
+    ADD_FAILURE() << "no experiment " << name;
+    return Experiment{};
+  };
+  const std::vector<uint64_t> five = {101, 102, 103, 104, 105}, one = {101};
+  EvalOptions o;
+  EXPECT_EQ(SeedsFor(find("e2e"), o), five);  // the issue asks five seeds of experiment 1
+  EXPECT_EQ(SeedsFor(find("routing"), o), five);
+  for (const char* name :
+       {"alpha-sweep", "tracking", "controllers", "ablations", "scale", "sensitivity"}) {
+    EXPECT_EQ(SeedsFor(find(name), o), one) << name;
+  }
+  o.quick = true;
+  EXPECT_EQ(SeedsFor(find("e2e"), o), one);
+  o.seeds = {7, 8};
+  EXPECT_EQ(SeedsFor(find("e2e"), o), o.seeds);
+  EXPECT_EQ(SeedsFor(find("tracking"), o), o.seeds);
+}
+
 // The smoke version of experiment 2: every output produced and well-formed.
 TEST(InteriorOptimumTest, InsideTheAlphasThatServeOnly) {
   EXPECT_STREQ(InteriorOptimum(4, 0, 9, 11), "yes");
