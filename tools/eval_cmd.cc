@@ -29,9 +29,16 @@ void RegisterEvalCommands(CLI::App& app, Run* run) {
       ->check(CLI::IsMember({"paper", "local"}));
   cmd->add_option("--out", options->out_dir, "results folder (docs/results)");
   cmd->add_option("--work", options->work_dir, "traces and scratch files, reused (out/eval)");
+  // Without --seeds each experiment runs with its own (eval::SeedsFor); the help lists them.
+  std::string own_seeds;
+  for (const eval::Experiment& e : eval::Experiments()) {
+    if (e.seeds == std::vector<uint64_t>{eval::kDefaultSeed}) continue;
+    absl::StrAppend(&own_seeds, e.name, ": ", absl::StrJoin(e.seeds, ","), "; ");
+  }
   cmd->add_option("--seeds", options->seeds,
-                  "workload seeds, one trace per regime each, for every experiment chosen (e2e and "
-                  "routing: 101-105; the others: 101; --quick: 101)")
+                  absl::StrCat("workload seeds, one trace per regime each, for every experiment "
+                               "chosen (when not given: ",
+                               own_seeds, "the others and --quick: ", eval::kDefaultSeed, ")"))
       ->delimiter(',');
   cmd->add_option("--layers", options->layers, "HSTU depths of e2e (3,6)")
       ->delimiter(',')

@@ -544,12 +544,13 @@ absl::Status WriteOutput(const EvalOptions& options, const std::string& name,
 }
 
 const std::vector<Experiment>& Experiments() {
+  const std::vector<uint64_t> five_seeds = {101, 102, 103, 104, 105};
   static const std::vector<Experiment>* experiments = new std::vector<Experiment>{
       {.name = "e2e",
        .summary = "KV-Opt, the oracle and deployable static α and HLEM per regime and HSTU "
                   "depth (--layers; experiment 1)",
        .run = EndToEnd,
-       .seeds = {101, 102, 103, 104, 105}},
+       .seeds = five_seeds},
       {.name = "alpha-sweep",
        .summary = "P99 against a static α per regime, long and short histories (experiment 2)",
        .run = AlphaSweep},
@@ -568,7 +569,7 @@ const std::vector<Experiment>& Experiments() {
        .summary = "KV-only, EMB-only, joint (calibrated, configured), least-loaded and "
                   "round-robin routing at one static α (experiment 6)",
        .run = Routing,
-       .seeds = {101, 102, 103, 104, 105}},
+       .seeds = five_seeds},
       {.name = "scale",
        .summary = "weak scaling of throughput with the nodes (--sizes) and the α chosen against "
                   "hot-user ratio × cluster size (experiment 7)",
@@ -601,7 +602,7 @@ absl::Status WriteBarChartResults(const EvalOptions& options, const std::string&
 
 std::vector<uint64_t> SeedsFor(const Experiment& e, const EvalOptions& options) {
   if (!options.seeds.empty()) return options.seeds;
-  if (options.quick) return {101};
+  if (options.quick) return {kDefaultSeed};
   return e.seeds;
 }
 
