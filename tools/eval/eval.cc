@@ -523,8 +523,8 @@ absl::Status Plot(const std::string& script, const std::string& png, const std::
   }
   const fs::path gp = fs::path(work_dir) / "plots" / (fs::path(png).stem().string() + ".gp");
   RETURN_IF_ERROR(WriteFileAtomically(
-      gp, absl::StrCat("set terminal pngcairo size 1000,600 font ',11'\nset output '", png, "'\n",
-                       script)));
+      gp, absl::StrCat("set terminal pngcairo noenhanced size 1000,600 font ',11'\nset output '",
+                       png, "'\n", script)));
   std::error_code ec;
   fs::create_directories(fs::path(png).parent_path(), ec);
   const std::string log = fs::path(gp).replace_extension(".log").string();
@@ -593,9 +593,9 @@ absl::Status WriteBarChartResults(const EvalOptions& options, const std::string&
   const std::string script = absl::StrFormat(
       "set title '%s'\nset ylabel '%s'\nset style data histograms\nset style histogram "
       "clustered gap 1\nset style fill solid 0.8 border -1\nset grid ytics\nset key outside "
-      "right\n%s\nplot for [i=2:%d] '%s' using i:xtic(1) title columnheader(i)\n",
-      title, ylabel, from_zero ? "set yrange [0:*]" : "set xtics rotate by -30", bars + 1,
-      data.string());
+      "right\nset xtics rotate by -30\n%splot for [i=2:%d] '%s' using i:xtic(1) title "
+      "columnheader(i)\n",
+      title, ylabel, from_zero ? "set yrange [0:*]\n" : "", bars + 1, data.string());
   return Plot(script, (fs::path(options.out_dir) / absl::StrCat(name, ".png")).string(),
               options.work_dir);
 }
