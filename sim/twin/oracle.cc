@@ -9,8 +9,12 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <optional>
+#include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 
 namespace hlem::sim {
 namespace {
@@ -119,6 +123,47 @@ WindowScore ScoreWindow(const std::vector<TwinOutcome>& outcomes, absl::Duration
 double Reward(double slo_satisfied, absl::Duration p99, absl::Duration slo) {
   const double norm = std::min(absl::FDivDuration(p99, slo), kRewardP99Cap);
   return slo_satisfied - std::max(0.0, norm - 1.0);
+}
+
+std::string FormatWindowOracle(const WindowOracle& w) {
+  std::string out =
+      absl::StrFormat("%d %a %a %a %a %d %d", w.window, w.alpha_star, w.reward_star, w.p99_star_ms,
+                      w.alpha_followed, w.unimodal ? 1 : 0, w.curve.size());
+  for (const CurvePoint& p : w.curve)
+    absl::StrAppendFormat(&out, " %a %a %a", p.alpha, p.reward, p.p99_ms);
+  return out;
+}
+
+absl::StatusOr<WindowOracle> ParseWindowOracle(const std::string& text) {
+  const std::vector<std::string> f = absl::StrSplit(text, ' ', absl::SkipEmpty());
+  auto number = [&](size_t i, double* v) {
+    if (i >= f.size()) return false;
+    char* end = nullptr;
+    *v = std::strtod(f[i].c_str(), &end);
+    return end != f[i].c_str() && *end == '\0';
+  };
+  WindowOracle w;
+  double window = 0, unimodal = 0, points = 0;
+  if (!number(0, &window) || !number(1, &w.alpha_star) || !number(2, &w.reward_star) ||
+      !number(3, &w.p99_star_ms) || !number(4, &w.alpha_followed) || !number(5, &unimodal) ||
+      !number(6, &points) || window < 0 || points < 0 ||
+      f.size() != 7 + 3 * static_cast<size_t>(points)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a searched window: expected 7 numbers and 3 per curve point, got \"",
+                     text.substr(0, 80), "\""));
+  }
+  w.window = static_cast<uint64_t>(window);
+  w.unimodal = unimodal != 0;
+  w.curve.resize(static_cast<size_t>(points));
+  for (size_t i = 0; i < w.curve.size(); ++i) {
+    CurvePoint& p = w.curve[i];
+    if (!number(7 + 3 * i, &p.alpha) || !number(8 + 3 * i, &p.reward) ||
+        !number(9 + 3 * i, &p.p99_ms)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a searched window: curve point ", i, " is not three numbers"));
+    }
+  }
+  return w;
 }
 
 absl::Status CheckOptions(const OracleOptions& o) {
@@ -249,6 +294,14 @@ absl::StatusOr<Tracked> TrackControlled(
   if (absl::Status st = twin.Start(std::move(next)); !st.ok()) return st;
   Tracked out;
   std::vector<TrackedWindow> windows;
+  // The cache's key: what the search depends on beyond the caller's inputs; every α applied so
+  // far (out.decisions[0, applied) written into `alphas`).
+  const std::string grid = absl::StrFormat(
+      " search=%a:%a:%a:%a:%a drain=%d window=%d slo=%d", oracle.lo, oracle.hi, oracle.coarse_step,
+      oracle.fine_step, oracle.finest_step, absl::ToInt64Nanoseconds(oracle.drain),
+      absl::ToInt64Nanoseconds(oracle.window), absl::ToInt64Nanoseconds(oracle.slo));
+  std::string alphas;
+  size_t applied = 0;
   for (int64_t k = 1; !twin.done(); ++k) {
     const absl::Duration from = control.window * k + control.delay, to = from + control.window;
     twin.RunUntil(from);
@@ -258,8 +311,25 @@ absl::StatusOr<Tracked> TrackControlled(
     }
     double current = 0;  // the nodes' mean α_{t−1}
     for (double a : loop->alphas()) current += a / static_cast<double>(loop->alphas().size());
-    absl::StatusOr<WindowOracle> star =
-        SearchAlphaStar(twin, static_cast<uint64_t>(k), from, to, current, oracle);
+    std::string key;
+    std::optional<WindowOracle> found;
+    if (oracle.cache != nullptr) {
+      for (; applied < out.decisions.size(); ++applied) {
+        const ControlRecord& d = out.decisions[applied];
+        absl::StrAppendFormat(&alphas, "%d:%d:%a;", d.window, d.node, d.alpha);
+      }
+      key = absl::StrCat(oracle.cache_key, grid, " t=", k, " alphas=", alphas);
+      found = oracle.cache->Find(key);
+    }
+    absl::StatusOr<WindowOracle> star;
+    if (found.has_value()) {
+      // As the search would have: the parent reads the trace ahead (the same requests follow).
+      twin.Prefetch(to + oracle.drain + absl::Seconds(1));
+      star = *std::move(found);
+    } else {
+      star = SearchAlphaStar(twin, static_cast<uint64_t>(k), from, to, current, oracle);
+      if (star.ok() && oracle.cache != nullptr) oracle.cache->Store(key, *star);
+    }
     if (!star.ok()) return star.status();
     if (absl::Status st = loop->Decide(&out.decisions); !st.ok()) return st;
     TrackedWindow w{.window = static_cast<uint64_t>(k),

@@ -24,6 +24,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -33,6 +36,8 @@
 #include "sim/twin/twin.h"
 
 namespace hlem::sim {
+
+class SearchCache;
 
 struct OracleOptions {
   absl::Duration window = absl::Seconds(5);
@@ -45,6 +50,12 @@ struct OracleOptions {
   // TrackControlled searches α* at every search_every-th window only (a search costs about one
   // plain run of the window per candidate: ≈ 20× a plain run when every window is searched).
   uint32_t search_every = 1;
+  // TrackControlled looks each search up in `cache` first (and stores what it searched), under
+  // `cache_key` — which must name every input of the twin (trace, configs, costs, start α, the
+  // code's commit) but not the controller — followed by the grid, t and the αs applied so far.
+  // Null: every window is searched.
+  std::shared_ptr<SearchCache> cache;
+  std::string cache_key;
 };
 
 // A candidate α's window: the reward and the P99 (ms; infinite when over 1 % failed).
@@ -60,6 +71,25 @@ struct WindowOracle {
   bool unimodal = true;           // the coarse curve had a single maximum of what α* maximises
   std::vector<CurvePoint> curve;  // ascending α
 };
+
+// α*_t searches already done, for TrackControlled. The twin is deterministic: its state at the
+// start of window t follows from its inputs and from every α applied before t (which node, after
+// which window, what α), so runs that applied the same αs so far — a static α and a policy that
+// holds it, or any two controllers until they first disagree — search the same α*_t. The key is
+// exact (the caller's description of the inputs, the search grid, t, and every α applied), not
+// a hash; an implementation may hash it to name a file but must compare it whole.
+class SearchCache {
+ public:
+  virtual ~SearchCache() = default;
+  virtual std::optional<WindowOracle> Find(const std::string& key) = 0;
+  virtual void Store(const std::string& key, const WindowOracle& found) = 0;
+};
+
+// One line of text that ParseWindowOracle reads back exactly (hexadecimal floating point), for
+// SearchCache implementations that keep searches in files.
+std::string FormatWindowOracle(const WindowOracle& w);
+// INVALID_ARGUMENT naming what is malformed.
+absl::StatusOr<WindowOracle> ParseWindowOracle(const std::string& text);
 
 inline constexpr double kRewardP99Cap = 4.0;
 // The reward from its two parts (p99: InfiniteDuration when over 1 % of the requests failed).
@@ -97,7 +127,8 @@ absl::Status CheckOptions(const OracleOptions& options);
 // control.h over `twin` (not started); at each decision point (window t ≥ 1 starts at
 // t·window + delay) α*_t is searched from the controllers' own state (their α_{t−1}, the caches
 // they left) before they decide, then the controllers decide and the twin runs window t with
-// their α. The oracle's window is the control window. Finish()es the twin.
+// their α. The oracle's window is the control window. With oracle.cache, a search found there
+// is not run again (SearchCache). Finish()es the twin.
 struct TrackedWindow {
   uint64_t window = 0;
   double alpha_star = 0, reward_star = 0;

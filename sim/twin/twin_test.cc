@@ -5,7 +5,11 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <map>
+#include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -331,6 +335,150 @@ TEST(OracleTest, TrackingSearchesFromTheControllersStateAndMeasuresTheirGap) {
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Alternating's αs until window `until`, then 0.5 on every node.
+class AlternatingUntil : public allocator::Controller {
+ public:
+  explicit AlternatingUntil(uint64_t until) : until_(until) {}
+  std::string name() const override { return "alternating-until"; }
+  allocator::Decision Decide(std::span<const allocator::WindowState> history) override {
+    const uint64_t w = history.back().index;
+    return {.alpha = w >= until_ ? 0.5 : w % 2 == 0 ? 0.75 : 0.25};
+  }
+
+ private:
+  uint64_t until_;
+};
+
+// A SearchCache in memory that counts what it was asked.
+class CountingCache : public SearchCache {
+ public:
+  std::optional<WindowOracle> Find(const std::string& key) override {
+    auto it = searches_.find(key);
+    if (it == searches_.end()) {
+      ++misses;
+      return std::nullopt;
+    }
+    ++hits;
+    // Through the text form, as a file-backed cache keeps it.
+    absl::StatusOr<WindowOracle> w = ParseWindowOracle(it->second);
+    EXPECT_TRUE(w.ok()) << w.status();
+    return w.ok() ? std::optional<WindowOracle>(*w) : std::nullopt;
+  }
+  void Store(const std::string& key, const WindowOracle& found) override {
+    searches_[key] = FormatWindowOracle(found);
+  }
+  int hits = 0, misses = 0;
+
+ private:
+  std::map<std::string, std::string> searches_;
+};
+
+void ExpectSameTracking(const Tracked& a, const Tracked& b) {
+  ASSERT_EQ(a.windows.size(), b.windows.size());
+  for (size_t i = 0; i < a.windows.size(); ++i) {
+    const TrackedWindow &x = a.windows[i], &y = b.windows[i];
+    EXPECT_EQ(x.window, y.window);
+    EXPECT_EQ(x.alpha_star, y.alpha_star) << "window " << x.window;
+    EXPECT_EQ(x.reward_star, y.reward_star) << "window " << x.window;
+    EXPECT_EQ(x.p99_star_ms, y.p99_star_ms) << "window " << x.window;
+    EXPECT_EQ(x.alphas, y.alphas) << "window " << x.window;
+    EXPECT_EQ(x.reward, y.reward) << "window " << x.window;
+    EXPECT_EQ(x.p99_ms, y.p99_ms) << "window " << x.window;
+    ASSERT_EQ(x.curve.size(), y.curve.size()) << "window " << x.window;
+    for (size_t j = 0; j < x.curve.size(); ++j) {
+      EXPECT_EQ(x.curve[j].alpha, y.curve[j].alpha);
+      EXPECT_EQ(x.curve[j].reward, y.curve[j].reward);
+      EXPECT_EQ(x.curve[j].p99_ms, y.curve[j].p99_ms);
+    }
+  }
+  ASSERT_EQ(a.decisions.size(), b.decisions.size());
+  for (size_t i = 0; i < a.decisions.size(); ++i)
+    EXPECT_EQ(a.decisions[i].alpha, b.decisions[i].alpha);
+}
+
+TEST(OracleTest, SearchesAreReusedOnlyWhereTheAlphasAppliedSoFarAgree) {
+  const WorkloadConfig workload = testing::TinyWorkload();
+  const std::vector<TraceRequest> trace = Generate(workload);
+  const ControlOptions control{.window = absl::Seconds(1)};
+  OracleOptions o{.window = absl::Seconds(1),
+                  .slo = absl::Milliseconds(25),
+                  .coarse_step = 0.25,
+                  .fine_step = 0.125,
+                  .finest_step = 0.125};
+  auto track = [&](uint64_t until, const OracleOptions& options) -> absl::StatusOr<Tracked> {
+    auto twin = Twin::Create(testing::TinyTwin(workload), workload);
+    if (!twin.ok()) return twin.status();
+    return TrackControlled(
+        **twin, Feed(trace), [until] { return std::make_unique<AlternatingUntil>(until); }, control,
+        options);
+  };
+  constexpr uint64_t kAlways = 1000, kDiverge = 2;
+  // Without a cache: what every cached run must reproduce exactly.
+  auto plain = track(kAlways, o);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  auto plain_diverging = track(kDiverge, o);
+  ASSERT_TRUE(plain_diverging.ok()) << plain_diverging.status();
+  ASSERT_GE(plain->windows.size(), 4u);
+
+  auto cache = std::make_shared<CountingCache>();
+  o.cache = cache;
+  o.cache_key = "tiny";
+  auto first = track(kAlways, o);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(cache->hits, 0);
+  const int searches = cache->misses;
+  EXPECT_GE(searches, static_cast<int>(plain->windows.size()));
+  ExpectSameTracking(*plain, *first);
+
+  // The same controller again: every search is found, and nothing changes.
+  auto again = track(kAlways, o);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(cache->hits, searches);
+  EXPECT_EQ(cache->misses, searches);
+  ExpectSameTracking(*plain, *again);
+
+  // A controller that agrees until its decision on window 2 (applied from window 3): the searches
+  // of windows 1–3 are found (their αs so far are the same), the later ones are searched anew.
+  cache->hits = cache->misses = 0;
+  auto diverging = track(kDiverge, o);
+  ASSERT_TRUE(diverging.ok()) << diverging.status();
+  EXPECT_EQ(cache->hits, 3);
+  EXPECT_EQ(cache->misses, searches - 3);
+  ExpectSameTracking(*plain_diverging, *diverging);
+
+  // Other inputs (another cache_key): nothing is found.
+  cache->hits = cache->misses = 0;
+  o.cache_key = "another trace";
+  ASSERT_TRUE(track(kAlways, o).ok());
+  EXPECT_EQ(cache->hits, 0);
+}
+
+TEST(OracleTest, SearchedWindowsRoundTripThroughTextExactly) {
+  WindowOracle w{.window = 7,
+                 .alpha_star = 0.3,
+                 .reward_star = 1.0 / 3.0,
+                 .p99_star_ms = 12.345678901234,
+                 .alpha_followed = 0.29,
+                 .unimodal = false};
+  w.curve = {{0.1, -0.5, std::numeric_limits<double>::infinity()},
+             {0.3, 1.0 / 3.0, 12.345678901234}};
+  absl::StatusOr<WindowOracle> back = ParseWindowOracle(FormatWindowOracle(w));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->window, 7u);
+  EXPECT_EQ(back->alpha_star, w.alpha_star);
+  EXPECT_EQ(back->reward_star, w.reward_star);
+  EXPECT_EQ(back->p99_star_ms, w.p99_star_ms);
+  EXPECT_EQ(back->alpha_followed, w.alpha_followed);
+  EXPECT_FALSE(back->unimodal);
+  ASSERT_EQ(back->curve.size(), 2u);
+  EXPECT_TRUE(std::isinf(back->curve[0].p99_ms));
+  EXPECT_EQ(back->curve[1].reward, w.curve[1].reward);
+  for (const char* bad : {"", "1 2 3", "1 0x1p-1 0 0 0 1 1 0x1p-2 0", "1 0 0 0 0 1 0 extra",
+                          "1 0 0 0 0 1 1 0 x 0", "-1 0 0 0 0 1 0"}) {
+    EXPECT_EQ(ParseWindowOracle(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
 }
 
 // What the fit calls: replays the trace in the twin under the given costs.

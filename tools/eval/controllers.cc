@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -131,7 +132,9 @@ Task TrackedTask(const EvalOptions& o, const Stamp& stamp, const Profile& p,
   if (controller.rfind("ppo", 0) == 0 || controller == "hlem") {
     run.controller.weights = (fs::path(o.repo) / p.policy).string();
   }
-  const sim::OracleOptions search = Search(p, o.quick);
+  sim::OracleOptions search = Search(p, o.quick);
+  // Controllers that apply the same αs (a static α and a policy that holds it) share searches.
+  std::tie(search.cache, search.cache_key) = SearchCacheFor(o, stamp, run, kStartAlpha);
   const std::string key =
       absl::StrCat(RunKey(run, kStartAlpha),
                    absl::StrFormat(" tracked=%.3f:%.3f:%.3f every=%d", search.coarse_step,

@@ -12,8 +12,11 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <memory>
+#include <optional>
 #include <regex>
 #include <sstream>
+#include <string_view>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -424,9 +427,18 @@ absl::StatusOr<std::vector<std::string>> RunExperimentRuns(const EvalOptions& op
   return rows;
 }
 
+namespace {
+
+// Whether results may be cached: the tree is clean and the binary was built from its commit.
+bool Cacheable(const Stamp& stamp) {
+  return stamp.commit != "unknown" && !absl::EndsWith(stamp.commit, "-dirty") &&
+         stamp.binary == stamp.commit;
+}
+
+}  // namespace
+
 Task CachedRun(const EvalOptions& options, const Stamp& stamp, const std::string& key, Task run) {
-  if (stamp.commit == "unknown" || absl::EndsWith(stamp.commit, "-dirty") ||
-      stamp.binary != stamp.commit) {
+  if (!Cacheable(stamp)) {
     return run;
   }
   const std::string full = absl::StrCat("commit=", stamp.commit, " ", key);
@@ -442,6 +454,47 @@ Task CachedRun(const EvalOptions& options, const Stamp& stamp, const std::string
     (void)WriteFileAtomically(path, absl::StrCat(full, "\n", out));
     return out;
   };
+}
+
+namespace {
+
+class FileSearchCache : public sim::SearchCache {
+ public:
+  explicit FileSearchCache(fs::path dir) : dir_(std::move(dir)) {}
+  std::optional<sim::WindowOracle> Find(const std::string& key) override {
+    absl::StatusOr<std::string> body = ReadFile(PathOf(key).string());
+    if (!body.ok()) return std::nullopt;
+    // The first line is the key (a hash collision would show), the second the search.
+    const size_t nl = body->find('\n');
+    if (nl == std::string::npos || std::string_view(*body).substr(0, nl) != key) {
+      return std::nullopt;
+    }
+    absl::StatusOr<sim::WindowOracle> w = sim::ParseWindowOracle(body->substr(nl + 1));
+    return w.ok() ? std::optional<sim::WindowOracle>(*std::move(w)) : std::nullopt;
+  }
+  void Store(const std::string& key, const sim::WindowOracle& found) override {
+    (void)WriteFileAtomically(PathOf(key), absl::StrCat(key, "\n", sim::FormatWindowOracle(found)));
+  }
+
+ private:
+  fs::path PathOf(const std::string& key) const {
+    return dir_ / absl::StrFormat("%016x.txt", NameHash(key));
+  }
+  fs::path dir_;
+};
+
+}  // namespace
+
+std::pair<std::shared_ptr<sim::SearchCache>, std::string> SearchCacheFor(
+    const EvalOptions& options, const Stamp& stamp, const tools::SimSetupOptions& run,
+    double alpha) {
+  if (!Cacheable(stamp)) {
+    return {nullptr, ""};
+  }
+  tools::SimSetupOptions inputs = run;
+  inputs.controller = {};
+  return {std::make_shared<FileSearchCache>(fs::path(options.work_dir) / "searches"),
+          absl::StrCat("commit=", stamp.commit, " ", RunKey(inputs, alpha))};
 }
 
 absl::StatusOr<std::vector<std::string>> RunParallel(const std::vector<Task>& tasks, uint32_t jobs,

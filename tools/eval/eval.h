@@ -9,7 +9,9 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -171,6 +173,14 @@ absl::StatusOr<std::vector<std::string>> RunExperimentRuns(const EvalOptions& op
 // Nothing is cached when the commit is unknown, the tree has changes or the binary was built
 // from another commit (the code may differ).
 Task CachedRun(const EvalOptions& options, const Stamp& stamp, const std::string& key, Task run);
+// Where CachedRun caches (a clean tree and the binary built from its commit), a sim::SearchCache
+// of α*_t searches under work_dir/searches/ — a file per search, named by the key's hash, its
+// first line the whole key — and the key of the twin's inputs for `run` (the commit and RunKey
+// without the controller: controllers that apply the same αs share their searches); else a
+// null cache.
+std::pair<std::shared_ptr<sim::SearchCache>, std::string> SearchCacheFor(
+    const EvalOptions& options, const Stamp& stamp, const tools::SimSetupOptions& run,
+    double alpha);
 // RunFigures as a cached task (its output: Figures::Format()).
 Task FiguresTask(const EvalOptions& options, const Stamp& stamp, const tools::SimSetupOptions& run,
                  double alpha);

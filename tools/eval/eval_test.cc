@@ -7,6 +7,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -109,6 +110,56 @@ TEST_F(EvalTest, CachedRunsAreReusedOnlyForTheSameKeyAndACleanCommit) {
   EXPECT_NE(key, RunKey(run, 0.6));
   run.router = "kv_only";
   EXPECT_NE(key, RunKey(run, 0.5));
+}
+
+TEST_F(EvalTest, SearchesAreCachedPerTwinInputsNotPerController) {
+  const EvalOptions o{.work_dir = dir_.string()};
+  const Stamp clean{.commit = "abc1234", .binary = "abc1234"};
+  tools::SimSetupOptions run{
+      .trace = "/x/paper-steady.trace",
+      .node_config = std::string(HLEM_SOURCE_DIR) + "/deploy/local/node.yaml"};
+  run.controller = {.name = "hlem", .weights = "policy.mlp"};
+  auto [cache, key] = SearchCacheFor(o, clean, run, 0.5);
+  ASSERT_NE(cache, nullptr);
+  EXPECT_THAT(key, HasSubstr("commit=abc1234"));
+  // Another controller over the same inputs: the same key; other inputs: another.
+  tools::SimSetupOptions other_controller = run;
+  other_controller.controller = {.name = "static"};
+  EXPECT_EQ(SearchCacheFor(o, clean, other_controller, 0.5).second, key);
+  EXPECT_NE(SearchCacheFor(o, clean, run, 0.6).second, key);
+  EXPECT_NE(SearchCacheFor(o, Stamp{.commit = "def5678", .binary = "def5678"}, run, 0.5).second,
+            key);
+  // Where the code may differ from the commit nothing is cached.
+  EXPECT_EQ(SearchCacheFor(o, Stamp{.commit = "abc1234-dirty", .binary = "abc1234-dirty"}, run, 0.5)
+                .first,
+            nullptr);
+  EXPECT_EQ(SearchCacheFor(o, Stamp{.commit = "abc1234", .binary = "0ther00"}, run, 0.5).first,
+            nullptr);
+
+  const sim::WindowOracle found{.window = 3,
+                                .alpha_star = 0.62,
+                                .reward_star = 0.99,
+                                .p99_star_ms = 13.5,
+                                .curve = {{0.5, 0.98, 14.0}, {0.62, 0.99, 13.5}}};
+  EXPECT_FALSE(cache->Find(key + " t=3").has_value());
+  cache->Store(key + " t=3", found);
+  // Read back by another cache over the same folder (another process's run).
+  auto again = SearchCacheFor(o, clean, other_controller, 0.5).first;
+  const std::optional<sim::WindowOracle> back = again->Find(key + " t=3");
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->alpha_star, 0.62);
+  EXPECT_EQ(back->p99_star_ms, 13.5);
+  ASSERT_EQ(back->curve.size(), 2u);
+  EXPECT_EQ(back->curve[0].reward, 0.98);
+  EXPECT_FALSE(again->Find(key + " t=4").has_value());
+  // A file whose first line is another key (a hash collision) is not this search.
+  size_t files = 0;
+  for (const auto& f : fs::directory_iterator(dir_ / "searches")) {
+    ++files;
+    std::ofstream(f.path(), std::ios::trunc) << "another key\n" << sim::FormatWindowOracle(found);
+  }
+  EXPECT_EQ(files, 1u);
+  EXPECT_FALSE(again->Find(key + " t=3").has_value());
 }
 
 TEST_F(EvalTest, ADeeperModelIsACopyOfTheNodeConfigThatStillLoads) {
