@@ -146,7 +146,8 @@ absl::StatusOr<WindowOracle> ParseWindowOracle(const std::string& text) {
   double window = 0, unimodal = 0, points = 0;
   if (!number(0, &window) || !number(1, &w.alpha_star) || !number(2, &w.reward_star) ||
       !number(3, &w.p99_star_ms) || !number(4, &w.alpha_followed) || !number(5, &unimodal) ||
-      !number(6, &points) || window < 0 || points < 0 ||
+      !number(6, &points) || !(window >= 0 && window == std::floor(window)) ||
+      !(points >= 0 && points == std::floor(points) && points <= static_cast<double>(f.size())) ||
       f.size() != 7 + 3 * static_cast<size_t>(points)) {
     return absl::InvalidArgumentError(
         absl::StrCat("a searched window: expected 7 numbers and 3 per curve point, got \"",

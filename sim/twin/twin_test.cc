@@ -475,8 +475,9 @@ TEST(OracleTest, SearchedWindowsRoundTripThroughTextExactly) {
   ASSERT_EQ(back->curve.size(), 2u);
   EXPECT_TRUE(std::isinf(back->curve[0].p99_ms));
   EXPECT_EQ(back->curve[1].reward, w.curve[1].reward);
-  for (const char* bad : {"", "1 2 3", "1 0x1p-1 0 0 0 1 1 0x1p-2 0", "1 0 0 0 0 1 0 extra",
-                          "1 0 0 0 0 1 1 0 x 0", "-1 0 0 0 0 1 0"}) {
+  for (const char* bad :
+       {"", "1 2 3", "1 0x1p-1 0 0 0 1 1 0x1p-2 0", "1 0 0 0 0 1 0 extra", "1 0 0 0 0 1 1 0 x 0",
+        "-1 0 0 0 0 1 0", "1 0 0 0 0 1 1e300", "1 0 0 0 0 1 0.5 0 0 0", "1.5 0 0 0 0 1 0"}) {
     EXPECT_EQ(ParseWindowOracle(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
 }
