@@ -435,45 +435,23 @@ bool Cacheable(const Stamp& stamp) {
          stamp.binary == stamp.commit;
 }
 
-}  // namespace
-
-Task CachedRun(const EvalOptions& options, const Stamp& stamp, const std::string& key, Task run) {
-  if (!Cacheable(stamp)) {
-    return run;
-  }
-  const std::string full = absl::StrCat("commit=", stamp.commit, " ", key);
-  const fs::path path =
-      fs::path(options.work_dir) / "runs" / absl::StrFormat("%016x.txt", NameHash(full));
-  return [path, full, run]() -> absl::StatusOr<std::string> {
-    if (absl::StatusOr<std::string> cached = ReadFile(path.string()); cached.ok()) {
-      // The first line is the key (a hash collision would show); the second the figures.
-      const size_t nl = cached->find('\n');
-      if (nl != std::string::npos && cached->substr(0, nl) == full) return cached->substr(nl + 1);
-    }
-    ASSIGN_OR_RETURN(const std::string out, run());
-    (void)WriteFileAtomically(path, absl::StrCat(full, "\n", out));
-    return out;
-  };
-}
-
-namespace {
-
-class FileSearchCache : public sim::SearchCache {
+// A cached result: a file in `dir` named by the key's hash, its first line the whole key (a hash
+// collision shows) and the result after it.
+class KeyedFiles {
  public:
-  explicit FileSearchCache(fs::path dir) : dir_(std::move(dir)) {}
-  std::optional<sim::WindowOracle> Find(const std::string& key) override {
+  explicit KeyedFiles(fs::path dir) : dir_(std::move(dir)) {}
+  std::optional<std::string> Read(const std::string& key) const {
     absl::StatusOr<std::string> body = ReadFile(PathOf(key).string());
     if (!body.ok()) return std::nullopt;
-    // The first line is the key (a hash collision would show), the second the search.
     const size_t nl = body->find('\n');
     if (nl == std::string::npos || std::string_view(*body).substr(0, nl) != key) {
       return std::nullopt;
     }
-    absl::StatusOr<sim::WindowOracle> w = sim::ParseWindowOracle(body->substr(nl + 1));
-    return w.ok() ? std::optional<sim::WindowOracle>(*std::move(w)) : std::nullopt;
+    return body->substr(nl + 1);
   }
-  void Store(const std::string& key, const sim::WindowOracle& found) override {
-    (void)WriteFileAtomically(PathOf(key), absl::StrCat(key, "\n", sim::FormatWindowOracle(found)));
+  // Best effort: a result that cannot be written is computed again next time.
+  void Write(const std::string& key, const std::string& result) const {
+    (void)WriteFileAtomically(PathOf(key), absl::StrCat(key, "\n", result));
   }
 
  private:
@@ -483,14 +461,41 @@ class FileSearchCache : public sim::SearchCache {
   fs::path dir_;
 };
 
+class FileSearchCache : public sim::SearchCache {
+ public:
+  explicit FileSearchCache(fs::path dir) : files_(std::move(dir)) {}
+  std::optional<sim::WindowOracle> Find(const std::string& key) override {
+    const std::optional<std::string> text = files_.Read(key);
+    if (!text.has_value()) return std::nullopt;
+    absl::StatusOr<sim::WindowOracle> w = sim::ParseWindowOracle(*text);
+    return w.ok() ? std::optional<sim::WindowOracle>(*std::move(w)) : std::nullopt;
+  }
+  void Store(const std::string& key, const sim::WindowOracle& found) override {
+    files_.Write(key, sim::FormatWindowOracle(found));
+  }
+
+ private:
+  KeyedFiles files_;
+};
+
 }  // namespace
+
+Task CachedRun(const EvalOptions& options, const Stamp& stamp, const std::string& key, Task run) {
+  if (!Cacheable(stamp)) return run;
+  const std::string full = absl::StrCat("commit=", stamp.commit, " ", key);
+  const KeyedFiles files(fs::path(options.work_dir) / "runs");
+  return [files, full, run]() -> absl::StatusOr<std::string> {
+    if (std::optional<std::string> cached = files.Read(full)) return *std::move(cached);
+    ASSIGN_OR_RETURN(const std::string out, run());
+    files.Write(full, out);
+    return out;
+  };
+}
 
 std::pair<std::shared_ptr<sim::SearchCache>, std::string> SearchCacheFor(
     const EvalOptions& options, const Stamp& stamp, const tools::SimSetupOptions& run,
     double alpha) {
-  if (!Cacheable(stamp)) {
-    return {nullptr, ""};
-  }
+  if (!Cacheable(stamp)) return {nullptr, ""};
   tools::SimSetupOptions inputs = run;
   inputs.controller = {};
   return {std::make_shared<FileSearchCache>(fs::path(options.work_dir) / "searches"),

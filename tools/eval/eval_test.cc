@@ -160,6 +160,14 @@ TEST_F(EvalTest, SearchesAreCachedPerTwinInputsNotPerController) {
   }
   EXPECT_EQ(files, 1u);
   EXPECT_FALSE(again->Find(key + " t=3").has_value());
+  // A file with the key but a damaged search (a run killed mid-write by hand, a full disk) is
+  // searched again, then replaced.
+  for (const auto& f : fs::directory_iterator(dir_ / "searches")) {
+    std::ofstream(f.path(), std::ios::trunc) << key << " t=3\n3 0x1p-1 0 0";
+  }
+  EXPECT_FALSE(again->Find(key + " t=3").has_value());
+  again->Store(key + " t=3", found);
+  EXPECT_TRUE(again->Find(key + " t=3").has_value());
 }
 
 TEST_F(EvalTest, ADeeperModelIsACopyOfTheNodeConfigThatStillLoads) {
