@@ -30,6 +30,7 @@
 #include "common/membership.h"
 #include "common/metrics.h"
 #include "common/process.h"
+#include "common/request_limits.h"
 #include "router/service/node_links.h"
 
 namespace {
@@ -181,6 +182,8 @@ int main(int argc, char** argv) {
   server_options.health_listen = health_listen;
   server_options.tls = security.tls;
   server_options.max_threads = grpc_max_threads;
+  // Its requests are a few small fields each.
+  server_options.max_receive_bytes = hlem::kMinReceiveBytes;
   auto server = hlem::GrpcServer::Create(server_options, {&service});
   if (!server.ok()) return Fail(server.status());
   hlem::WritePortsFile(ports_file, {{"grpc", (*server)->port()},

@@ -74,6 +74,13 @@ inline absl::StatusOr<ChannelOptions> ResolveChannelOptions(const ClientSecurity
   return options;
 }
 
+// Whether a listen address is reachable from this host only (IPv4 127/8, [::1], localhost, a
+// unix socket). "" (no port) counts as loopback.
+inline bool IsLoopbackAddress(const std::string& address) {
+  return address.empty() || address.rfind("127.", 0) == 0 || address.rfind("[::1]:", 0) == 0 ||
+         address.rfind("localhost:", 0) == 0 || address.rfind("unix:", 0) == 0;
+}
+
 // A server's required token: null when `path` is "" (no check).
 inline absl::StatusOr<std::shared_ptr<TokenFile>> OpenRequiredToken(const std::string& path,
                                                                     const std::string& flag) {

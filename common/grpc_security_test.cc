@@ -255,5 +255,16 @@ TEST(TokenFileTest, ReadsTrimsAndReloadsWhenTheFileChanges) {
   EXPECT_EQ((*token)->Get(), "second-token");
 }
 
+TEST(ListenAddressTest, LoopbackTellsHostOnlyAddressesFromReachableOnes) {
+  for (const char* a :
+       {"", "127.0.0.1:0", "127.0.0.2:7000", "[::1]:50052", "localhost:1", "unix:/tmp/x.sock"}) {
+    EXPECT_TRUE(IsLoopbackAddress(a)) << a;
+  }
+  for (const char* a :
+       {"0.0.0.0:50052", "[::]:50052", "10.0.0.3:1", "node-0:50052", "1127.0.0.1:1"}) {
+    EXPECT_FALSE(IsLoopbackAddress(a)) << a;
+  }
+}
+
 }  // namespace
 }  // namespace hlem

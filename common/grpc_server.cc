@@ -104,7 +104,8 @@ absl::StatusOr<GrpcServer::Endpoint> GrpcServer::Build(const GrpcServerOptions& 
       address,
       health != nullptr ? grpc::InsecureServerCredentials() : MakeServerCredentials(options.tls),
       port);
-  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxReceiveMessageSize(options.max_receive_bytes > 0 ? options.max_receive_bytes
+                                                                 : options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, Millis(options.keepalive_time));

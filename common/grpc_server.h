@@ -38,7 +38,11 @@ struct GrpcServerOptions {
   // port's status (NOT_SERVING while draining: readiness); kLivenessService stays SERVING until
   // the process stops (liveness: a draining process is alive).
   std::string health_listen;
-  int max_message_bytes = 64 << 20;  // send and receive
+  int max_message_bytes = 64 << 20;  // send, and receive unless max_receive_bytes is set
+  // The largest request accepted, 0 = max_message_bytes. gRPC parses a whole request before the
+  // handler checks its counts, so this is what bounds the memory one request can take: size it
+  // from the service's limits (common/request_limits.h). Larger requests get RESOURCE_EXHAUSTED.
+  int max_receive_bytes = 0;
   absl::Duration keepalive_time = absl::Seconds(30), keepalive_timeout = absl::Seconds(10);
   absl::Duration max_connection_age = absl::Minutes(30),
                  max_connection_age_grace = absl::Seconds(30);

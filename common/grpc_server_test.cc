@@ -9,11 +9,15 @@
 #include "absl/synchronization/notification.h"
 #include "common/grpc_health_probe.h"
 #include "common/grpc_status.h"
+#include "common/request_limits.h"
 #include "echo.grpc.pb.h"
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
+#include "hlem/v1/embedding_shard.pb.h"
+#include "hlem/v1/router.pb.h"
+#include "hlem/v1/serving_node.pb.h"
 
 namespace hlem {
 namespace {
@@ -269,6 +273,68 @@ TEST_F(GrpcServerTest, MessagesAboveTheDefaultFourMiBPass) {
   st = CallEcho<test::Echo>(server_->port(), Request("a", 0, 2 << 20), &response, absl::Seconds(10),
                             1 << 20);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+}
+
+TEST_F(GrpcServerTest, RequestsAboveTheReceiveLimitAreRefusedButRepliesMayBeLarger) {
+  Start({.max_message_bytes = 16 << 20, .max_receive_bytes = 1 << 20});
+  test::EchoResponse response;
+  grpc::Status st =
+      CallEcho<test::Echo>(server_->port(), Request(std::string(2 << 20, 'a')), &response);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
+  st = CallEcho<test::Echo>(server_->port(), Request("a", 0, 8 << 20), &response);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(response.payload().size(), 8u << 20);
+}
+
+// The largest event or candidate the wire allows: every id at the varint maximum.
+template <typename Message>
+void FillWorst(Message* m, int features) {
+  m->set_item_id(~0ull);
+  for (int f = 0; f < features; ++f) m->add_feature_ids(~0ull);
+}
+
+TEST(RequestLimitsTest, BoundTheLargestRequestsTheLimitsAdmit) {
+  for (int features : {1, 3, 8}) {
+    for (auto [events, candidates] : {std::pair{1, 1}, std::pair{20000, 100}, std::pair{5, 512}}) {
+      v1::InferRequest infer;
+      v1::RecommendRequest recommend;
+      infer.set_user_id(~0ull);
+      recommend.set_user_id(~0ull);
+      for (int i = 0; i < events; ++i) {
+        for (v1::Event* e : {infer.add_history(), recommend.add_history()}) {
+          FillWorst(e, features);
+          e->set_timestamp_unix_seconds(1.5e9);
+        }
+      }
+      for (int i = 0; i < candidates; ++i) {
+        FillWorst(infer.add_candidates(), features);
+        FillWorst(recommend.add_candidates(), features);
+      }
+      for (v1::HistoryPrefix* p : {infer.mutable_delta(), recommend.mutable_delta()}) {
+        p->set_length(~0u);
+        p->set_hash(~0ull);
+      }
+      infer.set_expected_kv_resident(true);
+      infer.set_request_id(std::string(256, 'r'));
+      recommend.set_request_id(std::string(256, 'r'));
+      const int limit = MaxScoringRequestBytes(events, candidates, features);
+      EXPECT_LE(infer.ByteSizeLong(), static_cast<size_t>(limit)) << features << " " << events;
+      EXPECT_LE(recommend.ByteSizeLong(), static_cast<size_t>(limit));
+      // And not far above it, once the request is larger than the floor.
+      if (infer.ByteSizeLong() > static_cast<size_t>(kMinReceiveBytes)) {
+        EXPECT_LE(static_cast<size_t>(limit), 2 * infer.ByteSizeLong() + kRequestSlackBytes);
+      }
+    }
+  }
+  v1::LookupRequest lookup;
+  lookup.set_table_id(~0u);
+  for (int i = 0; i < 200000; ++i) lookup.add_row_ids(~0ull);
+  EXPECT_LE(lookup.ByteSizeLong(), static_cast<size_t>(MaxLookupRequestBytes(200000)));
+  EXPECT_GT(lookup.ByteSizeLong(), static_cast<size_t>(MaxLookupRequestBytes(100000)));
+  // Huge limits clamp to what gRPC takes instead of overflowing.
+  EXPECT_EQ(MaxScoringRequestBytes(~0ull, ~0ull, ~0ull), std::numeric_limits<int>::max());
+  EXPECT_EQ(MaxLookupRequestBytes(~0ull), std::numeric_limits<int>::max());
+  EXPECT_EQ(MaxScoringRequestBytes(0, 0, 0), kMinReceiveBytes);
 }
 
 TEST_F(GrpcServerTest, DeadlineReachesTheHandler) {

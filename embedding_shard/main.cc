@@ -14,6 +14,7 @@
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/process.h"
+#include "common/request_limits.h"
 #include "embedding_shard/core/shard_config.h"
 #include "embedding_shard/core/shard_store.h"
 #include "embedding_shard/service/shard_metrics.h"
@@ -117,7 +118,9 @@ int main(int argc, char** argv) {
   hlem::GrpcServerOptions server_options;
   server_options.listen = listen;
   server_options.health_listen = health_listen;
-  server_options.max_message_bytes = 256 << 20;
+  server_options.max_message_bytes = hlem::shard::kMaxLookupReplyBytes;
+  server_options.max_receive_bytes =
+      hlem::MaxLookupRequestBytes((*store)->options().max_batch_rows);
   server_options.tls = tls;
   server_options.max_threads = grpc_max_threads;
   auto server = hlem::GrpcServer::Create(server_options, {&service});

@@ -24,6 +24,7 @@
 #include "common/metrics.h"
 #include "common/periodic.h"
 #include "common/process.h"
+#include "common/request_limits.h"
 #include "grpcpp/client_context.h"
 #include "router/core/cluster.h"
 #include "router/service/node_links.h"
@@ -248,6 +249,8 @@ int main(int argc, char** argv) {
   server_options.listen = listen;
   server_options.health_listen = health_listen;
   server_options.max_message_bytes = 64 << 20;
+  server_options.max_receive_bytes =
+      hlem::MaxScoringRequestBytes(max_history_events, max_candidates, options.features.size());
   server_options.tls = tls;
   server_options.max_threads = grpc_max_threads;
   // In-flight Recommend calls carry deadlines of the order of the SLO; a longer grace would only

@@ -22,6 +22,7 @@
 #include "common/metrics.h"
 #include "common/periodic.h"
 #include "common/process.h"
+#include "common/request_limits.h"
 #include "embedding_shard/client/shard_client_factory.h"
 #include "serving_node/service/node_config.h"
 #include "serving_node/service/node_metrics.h"
@@ -109,6 +110,13 @@ int main(int argc, char** argv) {
   if (auto s = tls.Validate(); !s.ok()) return Fail(s);
   auto admin_token = hlem::OpenRequiredToken(admin_token_file, "--admin-token-file");
   if (!admin_token.ok()) return Fail(admin_token.status());
+  if (admin_token_file.empty() && !hlem::IsLoopbackAddress(admin_listen)) {
+    log->warn(
+        "admin_unprotected admin_listen={}: SetAlpha, Drain and Snapshot answer anyone who reaches "
+        "this port; pass --admin-token-file (docs/reliability.md) or keep the port closed (the "
+        "Kubernetes base does by NetworkPolicy)",
+        admin_listen);
+  }
   if (check_config) {
     std::printf("%s: valid (node %s, %s pool, %zu shards, %d-layer model)\n", config_path.c_str(),
                 config->node.node_id.c_str(), config->device.c_str(),
@@ -171,6 +179,8 @@ int main(int argc, char** argv) {
   server_options.admin_listen = admin_listen;
   server_options.health_listen = health_listen;
   server_options.max_message_bytes = 64 << 20;
+  server_options.max_receive_bytes = hlem::MaxScoringRequestBytes(
+      config->max_request_events, config->max_candidates, config->features.size());
   server_options.tls = tls;
   server_options.max_threads = grpc_max_threads;
   // The node drains admitted requests itself (Node::Drain below); after that the gRPC server only

@@ -75,6 +75,18 @@ absl::StatusOr<ShardClusterConfig> ParseShardClusterConfig(const YAML::Node& roo
     r.UInt("max_batch_rows", &max_batch_rows, 1, 1 << 24);
     config.max_batch_rows = static_cast<uint32_t>(max_batch_rows);
   });
+  // A full batch of the widest table must fit one Lookup reply, or every such call would be read
+  // and gathered only to fail at send time.
+  for (const TableSpec& t : config.tables) {
+    const uint64_t bytes = uint64_t{config.max_batch_rows} * t.row_bytes();
+    if (bytes + (1 << 10) > kMaxLookupReplyBytes) {
+      reader.AddError("limits.max_batch_rows",
+                      absl::StrCat(config.max_batch_rows, " rows of table '", t.name, "' (",
+                                   t.row_bytes(), " bytes each) exceed the ",
+                                   kMaxLookupReplyBytes >> 20, " MiB a Lookup reply may hold"));
+      break;
+    }
+  }
   reader.StringList("servers", &config.servers);
   reader.Map("ucx", [&](ConfigReader& r) {
     uint64_t shm = config.ucx.gather_min_rows_shm, tcp = config.ucx.gather_min_rows_tcp;

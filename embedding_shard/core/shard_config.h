@@ -34,6 +34,9 @@ struct UcxOptions {
   std::string error_handling = "auto";
 };
 
+// The largest Lookup reply a shard sends (its gRPC send limit; clients receive as much).
+inline constexpr int kMaxLookupReplyBytes = 256 << 20;
+
 struct ShardClusterConfig {
   std::vector<TableSpec> tables;
   ShardMapOptions map;

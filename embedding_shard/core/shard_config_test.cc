@@ -84,6 +84,12 @@ TEST(ShardConfigTest, ErrorsNameTheField) {
       "shard_map: {num_shards: 1}\ntables: [{id: 0, name: a, rows: 1, dim: 1}]\n"
       "limits: {max_batch_rows: -3}",
       "limits.max_batch_rows");
+  // 65536 rows of 4 KiB (the default limit) are 256 MiB: more than a reply may hold.
+  ExpectError("shard_map: {num_shards: 1}\ntables: [{id: 0, name: a, rows: 1, dim: 1024}]",
+              "limits.max_batch_rows");
+  EXPECT_TRUE(Parse("shard_map: {num_shards: 1}\ntables: [{id: 0, name: a, rows: 1, dim: 1024}]\n"
+                    "limits: {max_batch_rows: 1024}")
+                  .ok());
   ExpectError(
       "shard_map: {num_shards: 1}\ntables: [{id: 0, name: a, rows: 1, dim: 1}]\n"
       "shards: 3",

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/shed.h"
@@ -65,8 +66,19 @@ double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
 
 }  // namespace
 
-absl::StatusOr<InferInput> InferInputFromProto(const v1::InferRequest& request, size_t features,
+absl::StatusOr<InferInput> InferInputFromProto(const v1::InferRequest& request,
+                                               const PipelineOptions& options,
                                                absl::Time deadline) {
+  const size_t features = options.features.size();
+  if (static_cast<uint64_t>(request.history_size()) > options.max_request_events) {
+    return absl::InvalidArgumentError(absl::StrCat("history: ", request.history_size(),
+                                                   " events exceeds the limit ",
+                                                   options.max_request_events));
+  }
+  if (static_cast<uint64_t>(request.candidates_size()) > options.max_candidates) {
+    return absl::InvalidArgumentError(absl::StrCat("candidates: ", request.candidates_size(),
+                                                   " exceeds the limit ", options.max_candidates));
+  }
   InferInput in;
   in.user = request.user_id();
   in.expected_kv_resident = request.expected_kv_resident();
@@ -99,8 +111,8 @@ grpc::Status ServingNodeServiceImpl::Infer(grpc::ServerContext* context,
                                            const v1::InferRequest* request,
                                            v1::InferResponse* response) {
   const absl::Time received = absl::Now();
-  absl::StatusOr<InferInput> in = InferInputFromProto(
-      *request, node_.parts().pipeline->options().features.size(), DeadlineOf(*context));
+  absl::StatusOr<InferInput> in =
+      InferInputFromProto(*request, node_.parts().pipeline->options(), DeadlineOf(*context));
   if (!in.ok()) return ToGrpcStatus(in.status());
   absl::StatusOr<InferOutput> out = node_.InferSync(std::move(*in));
   if (!out.ok()) {
@@ -280,6 +292,14 @@ grpc::Status ServingNodeServiceImpl::GetNodeInfo(grpc::ServerContext*,
 grpc::Status ServingNodeServiceImpl::StreamResidency(
     grpc::ServerContext* context, const v1::StreamResidencyRequest* request,
     grpc::ServerWriter<v1::StreamResidencyResponse>* writer) {
+  // Counted from here to every return; over the cap the stream is refused at once.
+  const uint32_t open = open_streams_.fetch_add(1) + 1;
+  const absl::Cleanup close = [this] { open_streams_.fetch_sub(1); };
+  if (open > max_streams_) {
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat("residency streams: ", max_streams_,
+                                     " are open, the node's limit; retry later"));
+  }
   ResidencyEventLog& log = *node_.parts().events;
   if (request->epoch() != 0 && request->epoch() != log.epoch()) {
     return grpc::Status(

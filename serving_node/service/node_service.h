@@ -36,15 +36,23 @@ struct NodeDescription {
 };
 
 // The request's events and candidates as the pipeline takes them. INVALID_ARGUMENT naming the
-// field (e.g. "history[3].feature_ids: 2 ids; the model has 3 feature tables").
+// field (e.g. "history[3].feature_ids: 2 ids; the model has 3 feature tables"), also for more
+// events or candidates than `options` allow (checked before anything is copied).
 absl::StatusOr<InferInput> InferInputFromProto(const hlem::v1::InferRequest& request,
-                                               size_t features, absl::Time deadline);
+                                               const PipelineOptions& options, absl::Time deadline);
 
 class ServingNodeServiceImpl final : public hlem::v1::ServingNode::Service {
  public:
-  // Borrows the node, which must outlive the service.
-  ServingNodeServiceImpl(Node& node, NodeDescription description)
-      : node_(node), description_(std::move(description)) {}
+  // Residency streams open at once at most, by default: each holds one of the server's handler
+  // threads for its lifetime, and the subscribers are the routers and allocators (a few).
+  static constexpr uint32_t kDefaultMaxStreams = 32;
+
+  // Borrows the node, which must outlive the service. Beyond `max_streams` open residency
+  // streams a new one is refused with RESOURCE_EXHAUSTED, so idle subscribers cannot take the
+  // threads Infer needs.
+  ServingNodeServiceImpl(Node& node, NodeDescription description,
+                         uint32_t max_streams = kDefaultMaxStreams)
+      : node_(node), description_(std::move(description)), max_streams_(max_streams) {}
 
   grpc::Status Infer(grpc::ServerContext* context, const hlem::v1::InferRequest* request,
                      hlem::v1::InferResponse* response) override;
@@ -66,8 +74,10 @@ class ServingNodeServiceImpl final : public hlem::v1::ServingNode::Service {
  private:
   Node& node_;
   const NodeDescription description_;
+  const uint32_t max_streams_;
   std::atomic<uint32_t> admin_port_{0};
   std::atomic<bool> stopping_{false};
+  std::atomic<uint32_t> open_streams_{0};
 };
 
 class ServingNodeAdminImpl final : public hlem::v1::ServingNodeAdmin::Service {

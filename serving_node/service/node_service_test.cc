@@ -12,6 +12,7 @@
 #include "common/grpc_server.h"
 #include "common/rng.h"
 #include "common/shed.h"
+#include "gmock/gmock.h"
 #include "google/protobuf/descriptor.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -25,6 +26,7 @@ namespace {
 namespace v1 = ::hlem::v1;
 using ::hlem::serving::testing::FakeRowSource;
 using ::hlem::serving::testing::kDim;
+using ::testing::HasSubstr;
 
 NodeConfig SmallConfig() {
   NodeConfig c;
@@ -93,11 +95,13 @@ class NodeServiceTest : public ::testing::Test {
       c->add_feature_ids(rng() % 50);
     }
   }
+  // On the fixture's server, or through `stub`.
   grpc::Status Infer(const v1::InferRequest& req, v1::InferResponse* resp,
-                     absl::Duration timeout = absl::Seconds(30)) {
+                     absl::Duration timeout = absl::Seconds(30),
+                     v1::ServingNode::Stub* stub = nullptr) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-    return stub_->Infer(&ctx, req, resp);
+    return (stub != nullptr ? stub : stub_.get())->Infer(&ctx, req, resp);
   }
 
   RealClock clock_;
@@ -285,7 +289,9 @@ TEST_F(NodeServiceTest, BadInputGetsClearErrors) {
   // Every one of them was answered and counted; none was computed.
   ASSERT_TRUE(stack_->node->Drain(true, absl::Now() + absl::Seconds(5)).drained);
   const NodeWindow w = stack_->node->CloseWindow();
-  EXPECT_EQ(w.requests, 5u);  // the ragged request never reached the node
+  // The ragged one and the two over the limits were refused while decoding (before their ids
+  // were copied): they never reached the node.
+  EXPECT_EQ(w.requests, 3u);
   EXPECT_EQ(w.slo_violation_fraction, 0.0);
   v1::InferRequest ok = none;
   AddCandidates(rng, 1, &ok);
@@ -397,6 +403,61 @@ TEST_F(NodeServiceTest, StateInfoAlphaStreamAndSnapshot) {
     EXPECT_EQ(users, (std::vector<uint64_t>{1, 2, 3}));
     EXPECT_GT(seq, 0u);
   }
+}
+
+TEST_F(NodeServiceTest, ResidencyStreamsBeyondTheLimitAreRefusedAtOnce) {
+  // A service with room for two streams on a server of its own.
+  NodeDescription d{.model_name = "small", .model_layers = 1, .model_dim = kDim};
+  ServingNodeServiceImpl capped(*stack_->node, d, /*max_streams=*/2);
+  auto server = GrpcServer::Create({.listen = "127.0.0.1:0"}, {&capped});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = v1::ServingNode::NewStub(MakeChannel(absl::StrCat("127.0.0.1:", (*server)->port())));
+  struct Open {
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::ClientReader<v1::StreamResidencyResponse>> reader;
+  };
+  auto open = [&](Open* o) {
+    v1::StreamResidencyRequest req;
+    o->reader = stub->StreamResidency(&o->ctx, req);
+    v1::StreamResidencyResponse msg;
+    return o->reader->Read(&msg);  // the first message comes at once on an accepted stream
+  };
+  Open a, b, c;
+  ASSERT_TRUE(open(&a));
+  ASSERT_TRUE(open(&b));
+  EXPECT_FALSE(open(&c));
+  const grpc::Status refused = c.reader->Finish();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(refused.error_message(), HasSubstr("residency streams"));
+  // Infer still has threads, and a closed stream frees its place.
+  Rng rng(3);
+  v1::InferRequest req;
+  req.set_user_id(9);
+  AddEvents(rng, 5, &req);
+  AddCandidates(rng, 2, &req);
+  v1::InferResponse resp;
+  EXPECT_TRUE(Infer(req, &resp, absl::Seconds(30), stub.get()).ok());
+  a.ctx.TryCancel();
+  v1::StreamResidencyResponse msg;
+  while (a.reader->Read(&msg)) {
+  }
+  a.reader->Finish();
+  bool reopened = false;
+  for (int i = 0; i < 200 && !reopened; ++i) {  // the handler returns once it sees the cancel
+    Open again;
+    reopened = open(&again);
+    if (reopened) again.ctx.TryCancel();
+    while (again.reader->Read(&msg)) {
+    }
+    again.reader->Finish();
+    if (!reopened) absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_TRUE(reopened);
+  b.ctx.TryCancel();
+  while (b.reader->Read(&msg)) {
+  }
+  b.reader->Finish();
+  capped.Stop();
 }
 
 // Every ServingNodeAdmin method, listed from the service's descriptor (a method added later is
