@@ -79,19 +79,15 @@ absl::StatusOr<std::unique_ptr<ShardStore>> ShardStore::Create(const ShardStoreO
   } else {
     for (const TableSpec& spec : options.tables) {
       std::string path = absl::StrCat(options.content.dir, "/", spec.name, ".hlemtbl");
-      auto header = ReadTableFile(path, [&](uint64_t row, const std::byte* bytes) {
-        if (row >= spec.rows) return;
-        std::byte* dst = const_cast<std::byte*>(store->RowPointer(spec, row));
-        if (dst != nullptr) std::memcpy(dst, bytes, spec.row_bytes());
-      });
+      // With &spec the file's rows have the config's row size, or nothing is read.
+      auto header = ReadTableFile(
+          path,
+          [&](uint64_t row, const std::byte* bytes) {
+            std::byte* dst = const_cast<std::byte*>(store->RowPointer(spec, row));
+            if (dst != nullptr) std::memcpy(dst, bytes, spec.row_bytes());
+          },
+          &spec);
       if (!header.ok()) return header.status();
-      if (header->spec.rows != spec.rows || header->spec.dim != spec.dim ||
-          header->spec.dtype != spec.dtype || header->spec.id != spec.id) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            path, ": file holds table ", header->spec.id, " with ", header->spec.rows, "x",
-            header->spec.dim, " ", DtypeName(header->spec.dtype), ", config says table ", spec.id,
-            " with ", spec.rows, "x", spec.dim, " ", DtypeName(spec.dtype)));
-      }
     }
   }
   return store;
@@ -127,6 +123,15 @@ absl::Status ShardStore::Gather(uint32_t table_id, std::span<const uint64_t> row
   });
 }
 
+absl::Status ShardStore::CheckBatchSize(uint64_t rows) const {
+  if (rows == 0) return absl::InvalidArgumentError("row_ids: empty batch");
+  if (rows > options_.max_batch_rows) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "row_ids: batch of ", rows, " rows over the limit of ", options_.max_batch_rows));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ShardStore::Visit(uint32_t table_id, std::span<const uint64_t> rows,
                                const std::function<void(size_t, const std::byte*)>& fn) const {
   const TableSpec* spec = FindTable(table_id);
@@ -136,11 +141,7 @@ absl::Status ShardStore::Visit(uint32_t table_id, std::span<const uint64_t> rows
     return absl::InvalidArgumentError(
         absl::StrCat("table_id ", table_id, " is unknown; tables: ", absl::StrJoin(ids, ",")));
   }
-  if (rows.empty()) return absl::InvalidArgumentError("row_ids: empty batch");
-  if (rows.size() > options_.max_batch_rows) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "row_ids: batch of ", rows.size(), " rows over the limit of ", options_.max_batch_rows));
-  }
+  if (absl::Status st = CheckBatchSize(rows.size()); !st.ok()) return st;
   const TableLayout layout = map_.Layout(*spec);
   const std::vector<const Segment*>& segments = segment_of_partition_[table_index_.at(table_id)];
   for (size_t i = 0; i < rows.size(); ++i) {

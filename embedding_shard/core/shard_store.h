@@ -83,6 +83,8 @@ class ShardStore {
   // INVALID_ARGUMENT (unknown table, empty), OUT_OF_RANGE (row >= rows, or not held here),
   // RESOURCE_EXHAUSTED (more than max_batch_rows).
   absl::Status ValidateBatch(uint32_t table_id, std::span<const uint64_t> rows) const;
+  // The size part of it alone: a transport checks a declared count before it allocates.
+  absl::Status CheckBatchSize(uint64_t rows) const;
   // Validates, then copies the rows into out in request order (out.size() == rows * row_bytes).
   absl::Status Gather(uint32_t table_id, std::span<const uint64_t> rows,
                       std::span<std::byte> out) const;

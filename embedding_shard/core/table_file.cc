@@ -177,7 +177,8 @@ absl::StatusOr<uint64_t> WriteTableFile(
 
 absl::StatusOr<TableFileHeader> ReadTableFile(
     const std::string& path,
-    const std::function<void(uint64_t row, const std::byte* bytes)>& row_fn) {
+    const std::function<void(uint64_t row, const std::byte* bytes)>& row_fn,
+    const TableSpec* expected) {
   File f(std::fopen(path.c_str(), "rb"));
   if (!f) return absl::NotFoundError(absl::StrCat("cannot open table file ", path));
   std::vector<std::byte> head(kTableFileFixedHeader + 256);
@@ -187,6 +188,14 @@ absl::StatusOr<TableFileHeader> ReadTableFile(
   if (!header.ok()) {
     return absl::Status(header.status().code(),
                         absl::StrCat(path, ": ", header.status().message()));
+  }
+  const TableSpec& held = header->spec;
+  if (expected != nullptr && (held.rows != expected->rows || held.dim != expected->dim ||
+                              held.dtype != expected->dtype || held.id != expected->id)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": file holds table ", held.id, " with ", held.rows, "x", held.dim, " ",
+                     DtypeName(held.dtype), ", config says table ", expected->id, " with ",
+                     expected->rows, "x", expected->dim, " ", DtypeName(expected->dtype)));
   }
   if (std::fseek(f.get(), header->header_bytes, SEEK_SET) != 0) {
     return absl::DataLossError(absl::StrCat(path, ": truncated"));

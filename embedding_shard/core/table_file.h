@@ -63,9 +63,12 @@ absl::StatusOr<uint64_t> WriteTableFile(
     const std::function<void(uint64_t row, std::byte* out)>& row_fn);
 
 // Reads the file sequentially, calling row_fn(row, bytes) for every row, and verifies the data
-// checksum at the end (DATA_LOSS on mismatch: callers must discard what they copied).
+// checksum at the end (DATA_LOSS on mismatch: callers must discard what they copied). With
+// `expected`, a file holding another table (id, rows, dim or dtype) is INVALID_ARGUMENT before
+// any row is read, so row_fn may rely on the expected row size.
 absl::StatusOr<TableFileHeader> ReadTableFile(
     const std::string& path,
-    const std::function<void(uint64_t row, const std::byte* bytes)>& row_fn);
+    const std::function<void(uint64_t row, const std::byte* bytes)>& row_fn,
+    const TableSpec* expected = nullptr);
 
 }  // namespace hlem::shard

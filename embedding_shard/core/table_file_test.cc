@@ -3,13 +3,17 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace hlem::shard {
 namespace {
+
+using ::testing::HasSubstr;
 
 std::string TempPath(const std::string& name) { return ::testing::TempDir() + "/" + name; }
 
@@ -70,6 +74,34 @@ TEST(TableFileTest, DetectsCorruptData) {
   auto header = ReadTableFile(path, [](uint64_t, const std::byte*) {});
   ASSERT_FALSE(header.ok());
   EXPECT_EQ(header.status().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(TableFileTest, AnotherTableIsRefusedBeforeAnyRowIsRead) {
+  std::string path = TempPath("other.hlemtbl");
+  TableSpec spec = Spec();
+  ASSERT_TRUE(WriteTableFile(path, spec, [&](uint64_t r, std::byte* out) {
+                GenerateRow(5, spec, r, out);
+              }).ok());
+  for (auto change : std::vector<std::function<void(TableSpec*)>>{
+           [](TableSpec* s) { s->dim *= 2; }, [](TableSpec* s) { s->rows += 1; },
+           [](TableSpec* s) { s->id += 1; },
+           [](TableSpec* s) {
+             s->dtype = s->dtype == Dtype::kFp32 ? Dtype::kFp16 : Dtype::kFp32;
+           }}) {
+    TableSpec expected = spec;
+    change(&expected);
+    uint64_t rows_read = 0;
+    auto header = ReadTableFile(
+        path, [&](uint64_t, const std::byte*) { ++rows_read; }, &expected);
+    EXPECT_EQ(header.status().code(), absl::StatusCode::kInvalidArgument) << header.status();
+    EXPECT_THAT(std::string(header.status().message()), HasSubstr("config says table"));
+    EXPECT_EQ(rows_read, 0u);
+  }
+  uint64_t rows_read = 0;
+  ASSERT_TRUE(ReadTableFile(
+                  path, [&](uint64_t, const std::byte*) { ++rows_read; }, &spec)
+                  .ok());
+  EXPECT_EQ(rows_read, spec.rows);
 }
 
 TEST(TableFileTest, DetectsTruncation) {

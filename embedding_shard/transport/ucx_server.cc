@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -198,39 +199,57 @@ ucs_status_t UcxShardServer::OnGatherRequest(void* arg, const void* header, size
   GatherRequestHeader request;
   std::memcpy(&request, header, sizeof(request));
   ucp_ep_h reply_ep = param->reply_ep;
+  // The count is the client's word: check it before allocating anything from it.
+  if (absl::Status st = self->store_->CheckBatchSize(request.count); !st.ok()) {
+    self->SendError(request.request_id, st, reply_ep);
+    return UCS_OK;
+  }
   if (length != uint64_t{request.count} * sizeof(uint64_t)) {
     self->SendError(request.request_id,
                     absl::InvalidArgumentError("gather request: row id payload size mismatch"),
                     reply_ep);
     return UCS_OK;
   }
-  if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
-    auto* rndv = new RndvRequest{self, request, std::vector<uint64_t>(request.count), reply_ep};
-    ucp_request_param_t rparam{};
-    rparam.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    rparam.user_data = rndv;
-    rparam.cb.recv_am = [](void* req, ucs_status_t status, size_t /*length*/, void* user) {
-      auto* r = static_cast<RndvRequest*>(user);
-      if (status == UCS_OK) {
-        r->server->ServeGather(r->header, r->rows.data(), r->reply_ep);
+  // An exception must not unwind through UCX's C frames (std::terminate): answer instead.
+  try {
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+      auto* rndv = new RndvRequest{self, request, std::vector<uint64_t>(request.count), reply_ep};
+      ucp_request_param_t rparam{};
+      rparam.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+      rparam.user_data = rndv;
+      rparam.cb.recv_am = [](void* req, ucs_status_t status, size_t /*length*/, void* user) {
+        auto* r = static_cast<RndvRequest*>(user);
+        if (status == UCS_OK) {
+          r->server->ServeGather(r->header, r->rows.data(), r->reply_ep);
+        } else {
+          r->server->SendError(r->header.request_id,
+                               UcsToStatus(status, "gather request: receiving the row ids"),
+                               r->reply_ep);
+        }
+        delete r;
+        ucp_request_free(req);
+      };
+      ucs_status_ptr_t req =
+          ucp_am_recv_data_nbx(self->worker_->worker(), data, rndv->rows.data(), length, &rparam);
+      if (req == nullptr) {
+        self->ServeGather(rndv->header, rndv->rows.data(), reply_ep);
+        delete rndv;
+      } else if (UCS_PTR_IS_ERR(req)) {
+        self->SendError(request.request_id,
+                        UcsToStatus(UCS_PTR_STATUS(req), "gather request: receiving the row ids"),
+                        reply_ep);
+        delete rndv;
       }
-      delete r;
-      ucp_request_free(req);
-    };
-    ucs_status_ptr_t req =
-        ucp_am_recv_data_nbx(self->worker_->worker(), data, rndv->rows.data(), length, &rparam);
-    if (req == nullptr) {
-      self->ServeGather(rndv->header, rndv->rows.data(), reply_ep);
-      delete rndv;
-    } else if (UCS_PTR_IS_ERR(req)) {
-      delete rndv;
+      return UCS_OK;
     }
-    return UCS_OK;
+    // Eager data may be unaligned: copy the ids out.
+    std::vector<uint64_t> rows(request.count);
+    if (length > 0) std::memcpy(rows.data(), data, length);
+    self->ServeGather(request, rows.data(), reply_ep);
+  } catch (const std::bad_alloc&) {
+    self->SendError(request.request_id,
+                    absl::ResourceExhaustedError("gather request: out of memory"), reply_ep);
   }
-  // Eager data may be unaligned: copy the ids out.
-  std::vector<uint64_t> rows(request.count);
-  if (length > 0) std::memcpy(rows.data(), data, length);
-  self->ServeGather(request, rows.data(), reply_ep);
   return UCS_OK;
 }
 
@@ -245,8 +264,12 @@ void UcxShardServer::ServeGather(const GatherRequestHeader& request, const uint6
   if (spec == nullptr) {
     status = store_->ValidateBatch(request.table_id, ids);  // names the unknown table
   } else {
-    reply->Resize(ids.size() * spec->row_bytes());
-    status = store_->Gather(request.table_id, ids, reply->data());
+    try {
+      reply->Resize(ids.size() * spec->row_bytes());
+      status = store_->Gather(request.table_id, ids, reply->data());
+    } catch (const std::bad_alloc&) {
+      status = absl::ResourceExhaustedError("gather request: out of memory for the reply");
+    }
   }
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (observer_) observer_(ids.size(), reply->size, seconds, status.code());

@@ -20,6 +20,7 @@
 #include "common/rng.h"
 #include "embedding_shard/client/grpc_transport.h"
 #include "embedding_shard/client/shard_client_factory.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "prometheus/text_serializer.h"
 #include "tests/testing/shard_cluster.h"
@@ -319,6 +320,19 @@ TEST(ShardIntegrationTest, BadInputGetsClearStatusesOverGrpcAndUcx) {
   ASSERT_TRUE(pending.ok());
   absl::Status s = (*client)->transport().Finish(**pending, absl::Now() + absl::Seconds(5));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  // A gather over the server's batch limit (4096) is refused on its declared count, before the
+  // server allocates anything for it (the row ids arrive by rendezvous at this size).
+  const TableSpec item{.id = 0, .name = "item", .rows = 200000, .dim = 32, .dtype = Dtype::kFp32};
+  const std::vector<uint64_t> many(5000, 1);
+  std::vector<std::byte> many_buf(many.size() * item.row_bytes());
+  std::vector<std::byte*> many_dst;
+  for (size_t i = 0; i < many.size(); ++i) many_dst.push_back(&many_buf[i * item.row_bytes()]);
+  pending = (*client)->transport().Start(0, item, ReadBatch{many, many, many_dst},
+                                         absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(pending.ok());
+  s = (*client)->transport().Finish(**pending, absl::Now() + absl::Seconds(5));
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("over the limit of 4096")) << s;
   // And the client rejects bad requests before they leave the process.
   std::vector<uint64_t> bad = {200000};
   std::vector<std::byte> out(128);
