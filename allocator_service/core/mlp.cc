@@ -45,6 +45,12 @@ class Tokens {
     return absl::OkStatus();
   }
   absl::Status Floats(const char* what, size_t n, std::vector<float>* out) {
+    // The count is the file's word: no more numbers than the file holds tokens are allocated.
+    if (const size_t left = tokens_.size() - at_; n > left) {
+      at_ = tokens_.size();
+      return Error(
+          absl::StrCat("expected ", n, " finite numbers for ", what, ", only ", left, " left"));
+    }
     out->resize(n);
     for (size_t i = 0; i < n; ++i) {
       float v = 0;

@@ -87,6 +87,11 @@ TEST(MlpTest, BadFilesAndShapesGetClearErrors) {
       "hlem-mlp 1\nactivation tanh\nnormaliser 1\n0\n1\nclip 5\nlayers 2\nlayer 1 2\n1\n1\n0 0\n"
       "layer 3 1\n1 1 1\n0\n",
       "chain");
+  // A layer declared at the widest allowed (2^32 weights) in a few bytes is refused on its word
+  // alone: nothing is allocated for numbers the file does not hold.
+  expect_error(
+      "hlem-mlp 1\nactivation relu\nnormaliser 1\n0\n1\nclip 1\nlayers 1\nlayer 65536 65536\n",
+      "expected 4294967296 finite numbers for the weights");
   EXPECT_EQ(Mlp::Load("/nonexistent/policy.mlp").status().code(), absl::StatusCode::kNotFound);
 }
 
