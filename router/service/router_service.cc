@@ -179,6 +179,9 @@ grpc::Status RouterServiceImpl::Route(grpc::ServerContext* context,
       response->set_total_seconds(absl::ToDoubleSeconds(absl::Now() - received));
       return grpc::Status::OK;
     }
+    // The node did not serve it, so it holds no new K/V of the user: the speculative belief Route
+    // took for this dispatch would route the user's next request there as a KV hit (stale).
+    cluster_.Forget(r.decision.node, request->user_id());
     // The request's own error (bad input, delta prefix, deadline) and a late shed go back as
     // they are; a node down or refusing at admission gets the request's one retry.
     absl::Status failed = FromGrpcStatus(last);

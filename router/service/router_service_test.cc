@@ -222,6 +222,7 @@ class RefusingCluster {
   }
   int node_calls() const { return nodes_[0].calls() + nodes_[1].calls(); }
   RouterServiceImpl& service() { return *service_; }
+  const Cluster& cluster() const { return *cluster_; }
 
  private:
   RealClock clock_;
@@ -240,6 +241,15 @@ TEST(RouterRetryTest, ALateShedIsNotRetriedElsewhere) {
     EXPECT_EQ(cluster.Call(7).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
     EXPECT_EQ(cluster.node_calls(), late ? 1 : 2);
   }
+}
+
+// A dispatch the node refused (any error: bad input, shed, down) leaves no speculative KV
+// belief behind, or the user's next request would count as a stale hit there.
+TEST(RouterRetryTest, AFailedDispatchLeavesNoSpeculativeBelief) {
+  RefusingCluster cluster(/*late=*/true, {});
+  EXPECT_EQ(cluster.Call(7).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(cluster.node_calls(), 1);
+  for (const NodeStatus& n : cluster.cluster().Nodes()) EXPECT_EQ(n.speculative_users, 0u) << n.id;
 }
 
 // The retry budget: with no ratio and a floor of one retry per 10 s window, the first refused
