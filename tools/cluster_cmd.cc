@@ -5,7 +5,8 @@
 //   up      starts shards, then nodes (with the shards' addresses), then the router (with the
 //           nodes'), then, with --allocator, the allocator (with the nodes'), waiting for each
 //           one's ports file; on any failure stops everything it started and prints the failing
-//           process's log tail. Writes <run-dir>/cluster.state.
+//           process's log tail. Writes <run-dir>/cluster.state, a line per process as soon as
+//           it is started, so `down` also stops a cluster whose `up` was interrupted (Ctrl-C).
 //   status  each process: alive, and serving (gRPC health check); exit 1 unless all are.
 //   down    SIGTERM allocator, router, nodes, shards in that order (each drains), SIGKILL after
 //           the timeout; only processes whose command line is still the one started (a reused
@@ -208,6 +209,23 @@ int Up(const ClusterFlags& f) {
   const absl::Duration timeout = absl::Seconds(f.timeout_s);
   std::vector<ChildProcess> started;
   std::vector<Member> members;
+  // cluster.state lists every process from the moment it is started (port 0 until it serves), so
+  // `cluster down` stops them also when this command is interrupted half way (Ctrl-C: the
+  // children run in their own sessions and do not see it). Replaced whole (tmp + rename).
+  auto write_state = [&]() -> bool {
+    const std::string path = StatePath(f.run_dir), tmp = path + ".tmp";
+    std::ofstream state(tmp);
+    for (const Member& m : members) {
+      state << m.role << " " << m.name << " " << m.pid << " " << m.port << " " << m.binary << " "
+            << m.log << "\n";
+    }
+    state.close();
+    return state.good() && std::rename(tmp.c_str(), path.c_str()) == 0;
+  };
+  auto stop_all = [&] {
+    for (auto it = started.rbegin(); it != started.rend(); ++it) it->Stop(absl::Seconds(10));
+    std::filesystem::remove(StatePath(f.run_dir));
+  };
   // Starts one process and waits for its serving port; false (after stopping everything started)
   // on failure.
   auto start = [&](const std::string& role, const std::string& name, const std::string& binary,
@@ -230,16 +248,19 @@ int Up(const ClusterFlags& f) {
                                           : absl::StatusOr<int>(child.status());
     if (child.ok()) {
       started.push_back(std::move(*child));
-      port = WaitForPort(ports, "grpc", timeout, &started.back());
+      members.push_back({role, name, started.back().pid(), 0, binary, log});
+      port = write_state() ? WaitForPort(ports, "grpc", timeout, &started.back())
+                           : absl::StatusOr<int>(absl::UnavailableError(
+                                 absl::StrCat("cannot write ", StatePath(f.run_dir))));
     }
     if (!port.ok()) {
       std::fprintf(stderr, "hlem cluster up: %s did not start: %s\n  %s:\n%s", name.c_str(),
                    std::string(port.status().message()).c_str(), log.c_str(),
                    Tail(log, 15).c_str());
-      for (auto it = started.rbegin(); it != started.rend(); ++it) it->Stop(absl::Seconds(10));
+      stop_all();
       return false;
     }
-    members.push_back({role, name, started.back().pid(), *port, binary, log});
+    members.back().port = *port;
     // Written with the grpc port: present now. 0 when the process serves no metrics.
     members.back().metrics_port = WaitForPort(ports, "metrics", absl::Seconds(1)).value_or(0);
     std::printf("  %-7s %-8s 127.0.0.1:%-6d pid %-7d log %s\n", role.c_str(), name.c_str(), *port,
@@ -282,21 +303,15 @@ int Up(const ClusterFlags& f) {
     std::ofstream(SecurityPath(f.run_dir))
         << std::filesystem::absolute(f.security_dir, ec).string() << "\n";
   }
-  std::ofstream state(StatePath(f.run_dir));
-  for (const Member& m : members) {
-    state << m.role << " " << m.name << " " << m.pid << " " << m.port << " " << m.binary << " "
-          << m.log << "\n";
-  }
-  state.close();
-  if (!state) {
+  if (!write_state()) {
     std::fprintf(stderr, "hlem cluster up: cannot write %s\n", StatePath(f.run_dir).c_str());
-    for (auto it = started.rbegin(); it != started.rend(); ++it) it->Stop(absl::Seconds(10));
+    stop_all();
     return 1;
   }
   const std::string targets = f.run_dir + "/prometheus-targets.json";
   if (!WritePrometheusTargets(targets, members)) {
     std::fprintf(stderr, "hlem cluster up: cannot write %s\n", targets.c_str());
-    for (auto it = started.rbegin(); it != started.rend(); ++it) it->Stop(absl::Seconds(10));
+    stop_all();
     return 1;
   }
   for (ChildProcess& c : started) c.Detach();

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # End to end on loopback (issue 6): a `hlem cluster up` whose node cannot start fails and leaves
-# nothing running; then `hlem cluster up` (1 shard, 2 serving nodes, router), 30 s of Steady at 10
+# nothing running; an interrupted `up` leaves what it started to `down`; then `hlem cluster up` (1 shard, 2 serving nodes, router), 30 s of Steady at 10
 # requests/s replayed open-loop by `hlem loadgen` (every request must be answered OK), `hlem
 # cluster down`, and no process of the cluster left running.
 # Usage: local_cluster_test.sh <build dir> <source dir>
@@ -24,6 +24,26 @@ fi
 # (no pgrep on a minimal Debian: scan /proc; "ba[d]" keeps grep from matching itself)
 if grep -ls -- "$run/ba[d]/" /proc/[0-9]*/cmdline; then
   echo "a process of the failed start is still running" >&2
+  exit 1
+fi
+
+# `up` interrupted half way (run-local.sh's trap on Ctrl-C; SIGTERM here, as a background job
+# ignores SIGINT): `down` still stops what it had started.
+"$hlem" cluster up --run-dir "$run/int" --nodes 2 --bin-dir "$build" \
+  --shards-config "$src/tests/e2e/shards.yaml" --node-config "$src/tests/e2e/node.yaml" \
+  >"$run/int.out" 2>&1 &
+up=$!
+for _ in $(seq 600); do [ -s "$run/int/cluster.state" ] && break; sleep 0.01; done
+kill -TERM "$up"
+if wait "$up"; then
+  echo "cluster up finished before it was interrupted: the case was not exercised" >&2
+  exit 1
+fi
+grep -qs -- "$run/in[t]/" /proc/[0-9]*/cmdline || { echo "nothing was running to stop" >&2; exit 1; }
+"$hlem" cluster down --run-dir "$run/int"
+sleep 0.5
+if grep -ls -- "$run/in[t]/" /proc/[0-9]*/cmdline; then
+  echo "a process of the interrupted start is still running after cluster down" >&2
   exit 1
 fi
 
