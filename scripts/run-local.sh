@@ -52,8 +52,9 @@ weights=allocator_service/policies/ppo-local.mlp
 slo_ms=25  # deploy/local/node.yaml's SLO (docs/calibration.md)
 start=$SECONDS
 
-bash scripts/install-deps.sh
-if [ ! -f "$build_dir/CMakeCache.txt" ]; then
+bash scripts/install-deps.sh --run
+# build.ninja, not CMakeCache.txt: cmake writes the cache also when configuring fails.
+if [ ! -f "$build_dir/build.ninja" ]; then
   # a unity build: ~40 % less compile time on a fresh machine (docs/build.md)
   cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_UNITY_BUILD=ON >/dev/null
 fi

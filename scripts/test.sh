@@ -46,7 +46,11 @@ stage() {  # stage NAME COMMAND...
 check_format() {
   local files
   files=$(git ls-files '*.cc' '*.h' '*.cu' '*.cuh' 2>/dev/null)
-  [ -z "$files" ] && files=$(find . -path ./build -prune -o \( -name '*.cc' -o -name '*.h' \) -print)
+  # Without git (a tarball, or git refusing a checkout it does not own): the sources, not the
+  # build trees (protoc's outputs), out/ or node_modules.
+  [ -z "$files" ] && files=$(find . \( -path './build*' -o -path ./out -o -path ./.git \
+    -o -name node_modules \) -prune -o \( -name '*.cc' -o -name '*.h' -o -name '*.cu' \
+    -o -name '*.cuh' \) -print)
   # shellcheck disable=SC2086
   clang-format-14 --dry-run --Werror $files
 }
