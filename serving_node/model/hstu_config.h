@@ -24,7 +24,14 @@ struct HstuConfig {
   uint32_t kv_dim() const { return heads * (d_qk > d_v ? d_qk : d_v); }
   uint32_t uvqk_dim() const { return heads * (2 * d_v + 2 * d_qk); }
 
-  // INVALID_ARGUMENT naming the field for a zero dimension or a non-positive / non-finite N.
+  // Weights of a model of this shape: what CreateRandom allocates and a weight file holds.
+  uint64_t ParameterCount() const;
+  // The most a config may ask for (8 GiB of fp32): beyond it Validate refuses the config before
+  // any tensor is allocated, rather than the allocation failing inside libtorch.
+  static constexpr uint64_t kMaxParameters = uint64_t{1} << 31;
+
+  // INVALID_ARGUMENT naming the field for a zero dimension or a non-positive / non-finite N, and
+  // for a model of more than kMaxParameters weights.
   absl::Status Validate() const;
 };
 

@@ -77,6 +77,28 @@ TEST(HstuModelTest, RejectsBadConfigs) {
   auto m = HstuModel::CreateRandom(c, 1);
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find("attn_norm"), std::string::npos) << m.status();
+  // Within every field's range but about 2.8e11 weights: refused by its size, nothing allocated.
+  c = SmallConfig();
+  c.dim = 1 << 16;
+  c.heads = 1024;
+  c.d_qk = 1 << 10;
+  m = HstuModel::CreateRandom(c, 1);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("exceed the limit"), std::string::npos) << m.status();
+}
+
+// ParameterCount is what a model of the config holds, array by array.
+TEST(HstuModelTest, ParameterCountIsTheWeightsAModelHolds) {
+  for (HstuConfig c : {SmallConfig(), HstuConfig{}}) {
+    c.targets = 3;
+    auto model = HstuModel::CreateRandom(c, 7);
+    ASSERT_TRUE(model.ok()) << model.status();
+    HstuFlatWeights w = (*model)->Flatten();
+    uint64_t held = 0;
+    HstuFlatWeights::ForEachArray(
+        w, [&](const std::string&, const std::vector<float>& a, uint64_t) { held += a.size(); });
+    EXPECT_EQ(c.ParameterCount(), held);
+  }
 }
 
 // The correctness contract: for any split of the history into a cached prefix and new tokens and
