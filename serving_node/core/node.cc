@@ -182,14 +182,24 @@ void Node::Infer(InferInput in, Done done) {
   const size_t F = executor_->features();
   const uint64_t tokens = (in.history.size() + in.candidates.size()) / F + in.omitted_events;
   uint64_t busy = 0;  // tokens in flight when the request is shed; 0 when admitted
+  bool drain_began = false;
   {
+    // Draining is checked again with the count, under the lock Drain sets it under: a request
+    // either counts before Drain looks (and Drain waits for it) or is refused.
     absl::MutexLock lock(&mu_);
-    if (in_flight_tokens_ > 0 && in_flight_tokens_ + tokens > options_.max_in_flight_tokens) {
+    if (draining_) {
+      drain_began = true;
+    } else if (in_flight_tokens_ > 0 &&
+               in_flight_tokens_ + tokens > options_.max_in_flight_tokens) {
       busy = in_flight_tokens_;
     } else {
       in_flight_tokens_ += tokens;
       ++in_flight_requests_;
     }
+  }
+  if (drain_began) {
+    Answer(user, expected, 0, received, false, absl::UnavailableError("node is draining"), done);
+    return;
   }
   if (busy > 0) {
     Answer(user, expected, 0, received, false,

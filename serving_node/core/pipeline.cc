@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <iterator>
 #include <memory>
@@ -563,7 +564,14 @@ std::vector<absl::StatusOr<InferOutput>> Pipeline::InferBatch(std::span<const In
                          .scores = p.out.scores});
       }
       const absl::Time compute_start = clock_.Now();
-      const absl::Status st = model_.Run(steps);
+      absl::Status st;
+      try {
+        st = model_.Run(steps);
+      } catch (const std::exception& e) {
+        // libtorch reports a failed check or allocation by throwing (c10::Error, bad_alloc):
+        // the batch fails like any runner error and the node goes on.
+        st = absl::InternalError(absl::StrCat("the runner threw: ", e.what()));
+      }
       const absl::Duration compute = clock_.Now() - compute_start;
       for (size_t r : ready) {
         const absl::Time commit_start = clock_.Now();

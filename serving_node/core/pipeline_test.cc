@@ -287,6 +287,31 @@ TEST_F(PipelineTest, AFailedFetchLeavesTheUsersKvAsItWas) {
   EXPECT_TRUE(emb_->CheckInvariants().ok()) << emb_->CheckInvariants();
 }
 
+// A runner that throws (libtorch's c10::Error, bad_alloc) fails its batch with INTERNAL, every
+// request once, and leaves the users' K/V as it was: the node goes on serving.
+TEST_F(PipelineTest, ARunnerThatThrowsFailsItsBatchAndTheNodeGoesOn) {
+  Rng rng(8);
+  std::vector<uint64_t> history = Events(rng, 30);
+  const std::vector<uint64_t> cand = Events(rng, 2);
+  ASSERT_TRUE(pipeline_->Infer(Input(3, history, cand)).ok());
+  const std::vector<uint64_t> more = Events(rng, 5);
+  history.insert(history.end(), more.begin(), more.end());
+  runner_.throw_next = true;
+  const std::vector<InferInput> batch = {Input(3, history, cand), Input(5, Events(rng, 12), cand)};
+  std::vector<absl::StatusOr<InferOutput>> r = pipeline_->InferBatch(batch);
+  ASSERT_EQ(r.size(), 2u);
+  for (const auto& one : r) {
+    EXPECT_EQ(one.status().code(), absl::StatusCode::kInternal) << one.status();
+    EXPECT_NE(one.status().message().find("the fake runner threw"), std::string::npos);
+  }
+  auto again = pipeline_->Infer(Input(3, history, cand));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->cached_prefix_tokens, 30u);  // the failed batch appended nothing
+  ExpectNear(again->scores, Expected(history, cand));
+  EXPECT_TRUE(kv_->CheckInvariants().ok()) << kv_->CheckInvariants();
+  EXPECT_EQ(emb_->GetStats().pending_entries, 0u);
+}
+
 // No KV room: every other user holding pages is pinned. The answer says so; nothing leaks.
 TEST_F(PipelineTest, NoKvRoomIsResourceExhausted) {
   Rng rng(8);

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdint>
 #include <span>
+#include <stdexcept>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -60,6 +61,7 @@ class FakeRunner final : public ModelRunner {
       gate_mu.Await(absl::Condition(&gate_open));
     }
     ++batches;
+    if (throw_next.exchange(false)) throw std::runtime_error("the fake runner threw");
     for (const ModelStep& s : steps) {
       const KvGeometry& g = s.kv.geometry;
       auto at = [&](uint64_t t, KvPart part) {
@@ -92,8 +94,9 @@ class FakeRunner final : public ModelRunner {
     absl::MutexLock lock(&gate_mu);
     gate_open = open;
   }
-  std::atomic<int> runs{0};     // steps
-  std::atomic<int> batches{0};  // Run calls
+  std::atomic<int> runs{0};             // steps
+  std::atomic<int> batches{0};          // Run calls
+  std::atomic<bool> throw_next{false};  // the next Run throws (libtorch throws c10::Error)
   absl::Mutex gate_mu;
   bool gate_open = true;  // Run waits while false (tests of the queue)
 };

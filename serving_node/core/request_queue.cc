@@ -1,5 +1,6 @@
 #include "serving_node/core/request_queue.h"
 
+#include <exception>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -164,7 +165,15 @@ void RequestQueue::WorkerLoop() {
     }
     if (!inputs.empty()) {
       if (options_.on_batch) options_.on_batch(inputs.size());
-      std::vector<absl::StatusOr<InferOutput>> results = pipeline_.InferBatch(inputs);
+      std::vector<absl::StatusOr<InferOutput>> results;
+      try {
+        results = pipeline_.InferBatch(inputs);
+      } catch (const std::exception& e) {
+        // InferBatch turns the runner's exceptions into statuses; anything else thrown still
+        // gets every request of the batch its one answer.
+        results.assign(inputs.size(),
+                       absl::InternalError(absl::StrCat("the node's pipeline threw: ", e.what())));
+      }
       for (size_t k = 0; k < live.size(); ++k) batch[live[k]].done(std::move(results[k]));
     }
     absl::MutexLock lock(&mu_);
