@@ -39,6 +39,7 @@ struct Cluster::Node {
   uint32_t in_flight = 0;
   uint32_t in_flight_at_report = 0;  // the router's in-flight requests when the report arrived
   uint64_t dispatches = 0;
+  uint64_t generation = 0;  // unique per AddNode: tells this node from a later one in its slot
 };
 
 absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Create(const ClusterOptions& options,
@@ -100,6 +101,7 @@ absl::StatusOr<int> Cluster::AddNode(const std::string& id, const std::string& a
     emb_counts_.resize(nodes_.size());
   }
   nodes_[free] = std::make_unique<Node>(id, address, options_.kv_filter_capacity);
+  nodes_[free]->generation = next_generation_++;
   return free;
 }
 
@@ -408,6 +410,7 @@ RouteResult Cluster::RouteLocked(uint64_t user, const ShardProfile& profile, boo
   if (result.decision.node >= 0) {
     Node& n = *nodes_[result.decision.node];
     result.node_id = n.id;
+    result.node_generation = n.generation;
     entry.affinity = result.decision.node;
     ++n.in_flight;
     ++n.dispatches;
@@ -434,17 +437,19 @@ void Cluster::TrimUsersLocked() {
   absl::erase_if(users_, [cutoff](const auto& e) { return e.second.last_use <= cutoff; });
 }
 
-void Cluster::Completed(int node) {
+void Cluster::Completed(int node, uint64_t generation) {
   absl::MutexLock lock(&mu_);
   if (node < 0 || node >= static_cast<int>(nodes_.size()) || nodes_[node] == nullptr) return;
   Node& n = *nodes_[node];
+  if (generation != 0 && n.generation != generation) return;  // the node it meant has left
   if (n.in_flight > 0) --n.in_flight;
   if (n.in_flight_at_report > n.in_flight) n.in_flight_at_report = n.in_flight;
 }
 
-void Cluster::Forget(int node, uint64_t user) {
+void Cluster::Forget(int node, uint64_t user, uint64_t generation) {
   absl::MutexLock lock(&mu_);
   if (node < 0 || node >= static_cast<int>(nodes_.size()) || nodes_[node] == nullptr) return;
+  if (generation != 0 && nodes_[node]->generation != generation) return;
   ForgetSpeculativeLocked(node, user);
 }
 

@@ -72,6 +72,9 @@ struct ClusterOptions {
 struct RouteResult {
   Decision decision;
   std::string node_id;  // empty when no node was chosen
+  // The chosen node's incarnation in its slot: passed back to Completed and Forget, so an answer
+  // arriving after the node left and another took its index touches nothing of the newcomer.
+  uint64_t node_generation = 0;
   uint32_t routable_nodes = 0;
 };
 
@@ -123,9 +126,10 @@ class Cluster {
   // histories, sim/workload/history_sketch.h).
   RouteResult RouteWithProfile(uint64_t user, const ShardProfile& profile,
                                std::span<const int> exclude = {});
-  void Completed(int node);
+  // `generation` (RouteResult::node_generation; 0 = any) must match the slot's node.
+  void Completed(int node, uint64_t generation = 0);
   // The node answered that it held no K/V of the user: drop the speculative belief.
-  void Forget(int node, uint64_t user);
+  void Forget(int node, uint64_t user, uint64_t generation = 0);
 
   std::vector<NodeStatus> Nodes() const;
   ClusterStats Stats() const;
@@ -172,6 +176,7 @@ class Cluster {
   mutable absl::Mutex mu_;
   Weights weights_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Node>> nodes_ ABSL_GUARDED_BY(mu_);  // by index; null = free
+  uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;              // Node::generation
   // Residency shards the router knows (named by a cached profile or held by a node), interned to
   // dense ids so a decision reads each profile shard's node set without a hash lookup:
   // bits_[id · words_ ...] is the set of nodes holding shard id; refs_[id] counts the cached

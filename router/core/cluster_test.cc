@@ -217,6 +217,33 @@ TEST_F(ClusterTest, RetriesExcludeAndRemovedNodesLoseTheirUsers) {
   EXPECT_EQ(cluster_->Nodes().size(), 2u);
 }
 
+// An answer from a node that has left (its index since taken by a newcomer) touches nothing of
+// the newcomer: Completed and Forget carry the node's generation from the RouteResult.
+TEST_F(ClusterTest, AnAnswerFromANodeThatLeftDoesNotTouchItsSuccessor) {
+  const int only_n2[] = {nodes_[0], nodes_[1]};
+  const RouteResult old = cluster_->Route(7, History(), false, only_n2);
+  ASSERT_EQ(old.node_id, "n2");
+  cluster_->RemoveNode(nodes_[2]);
+  const int index = *cluster_->AddNode("n3", "addr3");
+  ASSERT_EQ(index, nodes_[2]);  // the freed slot
+  cluster_->Reset(index, {.epoch = 300, .load = {.load = 0.1}});
+  const RouteResult fresh = cluster_->Route(8, History(), false, only_n2);
+  ASSERT_EQ(fresh.node_id, "n3");
+  EXPECT_NE(fresh.node_generation, old.node_generation);
+  auto newcomer = [&] {
+    for (const NodeStatus& n : cluster_->Nodes()) {
+      if (n.id == "n3") return n;
+    }
+    return NodeStatus{};
+  };
+  cluster_->Completed(old.decision.node, old.node_generation);  // late: the node it meant left
+  cluster_->Forget(old.decision.node, 8, old.node_generation);
+  EXPECT_EQ(newcomer().in_flight, 1u);
+  EXPECT_EQ(newcomer().speculative_users, 1u);
+  cluster_->Completed(fresh.decision.node, fresh.node_generation);
+  EXPECT_EQ(newcomer().in_flight, 0u);
+}
+
 TEST_F(ClusterTest, IndexMemoryAt32NodesAnd6000UsersEach) {
   ClusterOptions o;
   o.max_nodes = 32;

@@ -135,7 +135,7 @@ grpc::Status RouterServiceImpl::Route(grpc::ServerContext* context,
     }
     std::shared_ptr<v1::ServingNode::StubInterface> stub = Stub(r.decision.node);
     if (stub == nullptr) {
-      cluster_.Completed(r.decision.node);
+      cluster_.Completed(r.decision.node, r.node_generation);
       tried.push_back(r.decision.node);
       continue;
     }
@@ -144,10 +144,11 @@ grpc::Status RouterServiceImpl::Route(grpc::ServerContext* context,
     SetDeadline(node_context, deadline);
     v1::InferResponse out;
     last = stub->Infer(&node_context, infer, &out);
-    cluster_.Completed(r.decision.node);
+    cluster_.Completed(r.decision.node, r.node_generation);
     tried.push_back(r.decision.node);
     if (last.ok()) {
-      if (out.stale_kv_hit()) cluster_.Forget(r.decision.node, request->user_id());
+      if (out.stale_kv_hit())
+        cluster_.Forget(r.decision.node, request->user_id(), r.node_generation);
       if (options_.calibrator != nullptr) {
         options_.calibrator->Observe({.computed_tokens = out.computed_tokens(),
                                       .history_tokens = out.history_tokens(),
@@ -181,7 +182,7 @@ grpc::Status RouterServiceImpl::Route(grpc::ServerContext* context,
     }
     // The node did not serve it, so it holds no new K/V of the user: the speculative belief Route
     // took for this dispatch would route the user's next request there as a KV hit (stale).
-    cluster_.Forget(r.decision.node, request->user_id());
+    cluster_.Forget(r.decision.node, request->user_id(), r.node_generation);
     // The request's own error (bad input, delta prefix, deadline) and a late shed go back as
     // they are; a node down or refusing at admission gets the request's one retry.
     absl::Status failed = FromGrpcStatus(last);
