@@ -52,7 +52,9 @@ ShardClient::ShardClient(const ShardClientOptions& options, ShardMap map,
       map_(std::move(map)),
       transport_(std::move(transport)),
       clock_(clock),
-      down_(map_.num_shards(), false) {}
+      down_(map_.num_shards(), false),
+      next_reconnect_(map_.num_shards(), absl::InfinitePast()),
+      reconnect_wait_(map_.num_shards(), absl::ZeroDuration()) {}
 
 ShardClient::~ShardClient() {
   std::weak_ptr<int> token = probe_token_;
@@ -95,13 +97,23 @@ void ShardClient::ProbeAll() {
       if (!was_down) MarkDown(s);
       continue;
     }
-    if (was_down && transport_->Reconnect(s).ok()) {
-      {
-        absl::MutexLock lock(&mu_);
-        down_[s] = false;
-      }
-      if (options_.observer) options_.observer->OnServerHealth(s, true);
+    if (!was_down) continue;
+    const absl::Time now = clock_.Now();
+    if (now < next_reconnect_[s]) continue;  // backing off after failed reconnects
+    if (!transport_->Reconnect(s).ok()) {
+      reconnect_wait_[s] =
+          std::min(options_.reconnect_backoff_max,
+                   std::max(options_.reconnect_backoff_min, 2 * reconnect_wait_[s]));
+      next_reconnect_[s] = now + reconnect_wait_[s];
+      continue;
     }
+    reconnect_wait_[s] = absl::ZeroDuration();
+    next_reconnect_[s] = absl::InfinitePast();
+    {
+      absl::MutexLock lock(&mu_);
+      down_[s] = false;
+    }
+    if (options_.observer) options_.observer->OnServerHealth(s, true);
   }
 }
 

@@ -78,6 +78,11 @@ struct ShardClientOptions {
   // Background probing; also the only way a server marked down comes back (0 disables both).
   absl::Duration probe_interval = absl::Milliseconds(500);
   absl::Duration probe_timeout = absl::Milliseconds(300);
+  // A server that answers its probe but fails to reconnect is tried again after this, doubling
+  // after each failure: a reconnect can hold the transport (UCX's warm-up) for seconds, and every
+  // probe round retrying it would stall the fetches to the healthy replicas behind it.
+  absl::Duration reconnect_backoff_min = absl::Milliseconds(500);
+  absl::Duration reconnect_backoff_max = absl::Seconds(30);
   // How long one server may take before its rows are re-sent to the next replica (when one is
   // left; the last replica gets the whole deadline). A dead peer over shared memory reports no
   // error, so without this a read would wait for the caller's deadline.
@@ -129,6 +134,9 @@ class ShardClient {
 
   mutable absl::Mutex mu_;
   std::vector<bool> down_ ABSL_GUARDED_BY(mu_);
+  // Per server while down: no reconnect before next_reconnect_, then wait reconnect_wait_ more.
+  std::vector<absl::Time> next_reconnect_ ABSL_GUARDED_BY(probe_mu_);
+  std::vector<absl::Duration> reconnect_wait_ ABSL_GUARDED_BY(probe_mu_);
   Counters counters_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   TimerId probe_timer_ ABSL_GUARDED_BY(mu_) = 0;

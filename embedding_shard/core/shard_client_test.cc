@@ -52,11 +52,12 @@ class FakeTransport final : public ShardTransport {
   }
   absl::Status Reconnect(uint32_t) override {
     ++reconnects;
-    return absl::OkStatus();
+    return fail_reconnect ? absl::UnavailableError("warm-up timed out") : absl::OkStatus();
   }
   void Set(uint32_t server, Mode mode) { mode_[server] = mode; }
 
   int starts = 0, probes = 0, reconnects = 0;
+  bool fail_reconnect = false;
   size_t max_rows_seen = 0;
 
  private:
@@ -180,6 +181,39 @@ TEST_F(ShardClientTest, ObserverSeesFetchesFailoversAndHealth) {
   client_->ProbeAll();
   ASSERT_EQ(observer_->health.size(), 2u);
   EXPECT_EQ(observer_->health[1], std::make_pair(1u, true));
+}
+
+// A server that answers its probe but cannot reconnect is retried after 0.5 s, 1 s, 2 s, ...,
+// not every probe round (a reconnect can hold the transport for seconds); a success resets it.
+TEST_F(ShardClientTest, FailedReconnectsBackOff) {
+  Build(2);
+  fake_->Set(1, FakeTransport::Mode::kRefuse);
+  ASSERT_TRUE(FetchAndCheck(100).ok());  // fails over, marks server 1 down
+  ASSERT_FALSE(client_->IsHealthy(1));
+  fake_->Set(1, FakeTransport::Mode::kUp);
+  fake_->fail_reconnect = true;
+  auto round = [&](absl::Duration after) {
+    clock_.AdvanceBy(after);
+    client_->ProbeAll();
+    return fake_->reconnects;
+  };
+  EXPECT_EQ(round(absl::ZeroDuration()), 1);
+  EXPECT_EQ(round(absl::ZeroDuration()), 1);
+  EXPECT_EQ(round(absl::Milliseconds(499)), 1);
+  EXPECT_EQ(round(absl::Milliseconds(1)), 2);    // 0.5 s after the first failure
+  EXPECT_EQ(round(absl::Milliseconds(500)), 2);  // now 1 s
+  EXPECT_EQ(round(absl::Milliseconds(500)), 3);
+  EXPECT_EQ(round(absl::Seconds(1)), 3);  // now 2 s
+  fake_->fail_reconnect = false;
+  EXPECT_EQ(round(absl::Seconds(1)), 4);
+  EXPECT_TRUE(client_->IsHealthy(1));
+  // Down again later: the wait starts over.
+  fake_->Set(1, FakeTransport::Mode::kRefuse);
+  ASSERT_TRUE(FetchAndCheck(100).ok());
+  fake_->Set(1, FakeTransport::Mode::kUp);
+  fake_->fail_reconnect = true;
+  EXPECT_EQ(round(absl::ZeroDuration()), 5);
+  EXPECT_EQ(round(absl::Milliseconds(500)), 6);
 }
 
 TEST_F(ShardClientTest, HungServerFailsOverToo) {

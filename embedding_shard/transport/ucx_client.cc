@@ -183,7 +183,8 @@ absl::Status UcxShardTransport::ConnectLocked(uint32_t server, const RdmaServerI
     if (req != nullptr) ucp_request_free(req);
   }
   ucp_request_param_t flush{};
-  absl::Status flushed = WaitLocked(ucp_ep_flush_nbx(s.ep, &flush), deadline, "warm-up flush");
+  absl::Status flushed =
+      WaitLocked(ucp_ep_flush_nbx(s.ep, &flush), server, deadline, "warm-up flush");
   if (!flushed.ok()) return flushed;
   uint64_t op_id = next_op_++;
   ops_[op_id];
@@ -192,7 +193,7 @@ absl::Status UcxShardTransport::ConnectLocked(uint32_t server, const RdmaServerI
   am.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   am.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
   void* req = ucp_am_send_nbx(s.ep, kGatherRequestAm, &header, sizeof(header), nullptr, 0, &am);
-  absl::Status sent = WaitLocked(req, deadline, "warm-up gather");
+  absl::Status sent = WaitLocked(req, server, deadline, "warm-up gather");
   while (sent.ok() && !ops_[op_id].done && absl::Now() < deadline) {
     ucp_worker_progress(worker_->worker());
   }
@@ -234,7 +235,7 @@ void UcxShardTransport::DisconnectLocked(uint32_t server) {
   }
 }
 
-absl::Status UcxShardTransport::WaitLocked(void* request, absl::Time deadline,
+absl::Status UcxShardTransport::WaitLocked(void* request, uint32_t server, absl::Time deadline,
                                            absl::string_view what) {
   if (request == nullptr) return absl::OkStatus();
   if (UCS_PTR_IS_ERR(request)) return UcsToStatus(UCS_PTR_STATUS(request), what);
@@ -242,7 +243,14 @@ absl::Status UcxShardTransport::WaitLocked(void* request, absl::Time deadline,
   while ((status = ucp_request_check_status(request)) == UCS_INPROGRESS) {
     ucp_worker_progress(worker_->worker());
     if (absl::Now() > deadline) {
+      // UCX cancels only receives; a flush or a send to a stuck peer stays in progress until its
+      // endpoint goes away. Give the cancel a moment, then force-close the endpoint.
       ucp_request_cancel(worker_->worker(), request);
+      const absl::Time grace = absl::Now() + absl::Milliseconds(100);
+      while (ucp_request_check_status(request) == UCS_INPROGRESS && absl::Now() < grace) {
+        ucp_worker_progress(worker_->worker());
+      }
+      if (ucp_request_check_status(request) == UCS_INPROGRESS) DisconnectLocked(server);
       while (ucp_request_check_status(request) == UCS_INPROGRESS) {
         ucp_worker_progress(worker_->worker());
       }
@@ -498,8 +506,8 @@ absl::StatusOr<std::unique_ptr<ShardTransport::Pending>> UcxShardTransport::Star
   if (!op.ok()) {
     // Gets already issued may still land in dst: flush them before reporting.
     ucp_request_param_t flush{};
-    WaitLocked(ucp_ep_flush_nbx(servers_[server].ep, &flush), absl::Now() + absl::Seconds(1),
-               "flush")
+    WaitLocked(ucp_ep_flush_nbx(servers_[server].ep, &flush), server,
+               absl::Now() + absl::Seconds(1), "flush")
         .IgnoreError();
     return op.status();
   }

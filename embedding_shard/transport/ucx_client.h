@@ -95,8 +95,11 @@ class UcxShardTransport final : public ShardTransport {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DisconnectLocked(uint32_t server) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   UcxReadMode ModeForLocked(uint32_t server, size_t rows) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status WaitLocked(void* request, absl::Time deadline, absl::string_view what)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits for a request on server `server`'s endpoint until `deadline`. Past it the request is
+  // cancelled, and if UCX cannot cancel it (flushes and sends) the endpoint is force-closed, which
+  // completes it: the wait is bounded either way (the server is then disconnected).
+  absl::Status WaitLocked(void* request, uint32_t server, absl::Time deadline,
+                          absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Region of every partition of `spec` on server `s` (null where it holds none), looked up once
   // per batch so the per-row work is an index and a multiply.
   std::vector<const Region*> RegionsOf(const Server& s, const TableSpec& spec) const;
