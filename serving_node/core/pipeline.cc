@@ -98,6 +98,19 @@ uint64_t WindowStart(const PipelineOptions& options, uint64_t events) {
   return (events - options.max_history + step - 1) / step * step;
 }
 
+absl::Status CheckRequestCounts(const PipelineOptions& options, uint64_t events,
+                                uint64_t candidates) {
+  if (events > options.max_request_events) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "history: ", events, " events exceeds the limit ", options.max_request_events));
+  }
+  if (candidates > options.max_candidates) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("candidates: ", candidates, " exceeds the limit ", options.max_candidates));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckInferInput(const PipelineOptions& options, const InferInput& in,
                              bool omitted_ok) {
   const size_t F = options.features.size();
@@ -110,14 +123,10 @@ absl::Status CheckInferInput(const PipelineOptions& options, const InferInput& i
     return absl::InvalidArgumentError(
         absl::StrCat("feature ids: every event and candidate needs exactly ", F, " ids"));
   }
-  if (in.history.size() / F + in.omitted_events > options.max_request_events) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("history: ", in.history.size() / F + in.omitted_events,
-                     " events exceeds the limit ", options.max_request_events));
-  }
-  if (in.candidates.size() / F > options.max_candidates) {
-    return absl::InvalidArgumentError(absl::StrCat("candidates: ", in.candidates.size() / F,
-                                                   " exceeds the limit ", options.max_candidates));
+  if (absl::Status st = CheckRequestCounts(options, in.history.size() / F + in.omitted_events,
+                                           in.candidates.size() / F);
+      !st.ok()) {
+    return st;
   }
   for (const std::vector<uint64_t>* ids : {&in.history, &in.candidates}) {
     for (size_t i = 0; i < ids->size(); ++i) {

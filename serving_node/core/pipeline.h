@@ -196,6 +196,11 @@ class Pipeline {
 // The KV identity of one event: a hash of its feature ids (what the rolling prefix hash chains).
 uint64_t EventToken(std::span<const uint64_t> feature_ids);
 
+// INVALID_ARGUMENT when a request has more events (history + omitted) or candidates than the
+// options allow: CheckInferInput's count check, also run on a request before its ids are copied.
+absl::Status CheckRequestCounts(const PipelineOptions& options, uint64_t events,
+                                uint64_t candidates);
+
 // Pipeline::Check's checks for these options (the simulator's executor makes them too).
 // `omitted_ok`: the twin's executor takes InferInput::omitted_events; the real pipeline does not.
 absl::Status CheckInferInput(const PipelineOptions& options, const InferInput& in,

@@ -70,14 +70,10 @@ absl::StatusOr<InferInput> InferInputFromProto(const v1::InferRequest& request,
                                                const PipelineOptions& options,
                                                absl::Time deadline) {
   const size_t features = options.features.size();
-  if (static_cast<uint64_t>(request.history_size()) > options.max_request_events) {
-    return absl::InvalidArgumentError(absl::StrCat("history: ", request.history_size(),
-                                                   " events exceeds the limit ",
-                                                   options.max_request_events));
-  }
-  if (static_cast<uint64_t>(request.candidates_size()) > options.max_candidates) {
-    return absl::InvalidArgumentError(absl::StrCat("candidates: ", request.candidates_size(),
-                                                   " exceeds the limit ", options.max_candidates));
+  if (absl::Status st =
+          CheckRequestCounts(options, request.history_size(), request.candidates_size());
+      !st.ok()) {
+    return st;
   }
   InferInput in;
   in.user = request.user_id();
