@@ -94,6 +94,15 @@ struct Member {
   int metrics_port = 0;  // 0: none
 };
 
+// Replaces `path` whole (a reader never sees half a file): written to path.tmp, then renamed.
+bool ReplaceFile(const std::string& path, const std::string& body) {
+  const std::string tmp = path + ".tmp";
+  std::ofstream out(tmp);
+  out << body;
+  out.close();
+  return out.good() && std::rename(tmp.c_str(), path.c_str()) == 0;
+}
+
 // Prometheus file-based service discovery (deploy/observability/prometheus/prometheus-local.yml
 // reads it): every process's /metrics with the labels the Kubernetes scrape config gives its pods.
 bool WritePrometheusTargets(const std::string& path, const std::vector<Member>& members) {
@@ -107,11 +116,7 @@ bool WritePrometheusTargets(const std::string& path, const std::vector<Member>& 
                                   "\"], \"labels\": {\"component\": \"", component,
                                   "\", \"pod\": \"", m.name, "\"}}"));
   }
-  const std::string tmp = path + ".tmp";
-  std::ofstream out(tmp);
-  out << "[\n" << absl::StrJoin(groups, ",\n") << "\n]\n";
-  out.close();
-  return out.good() && std::rename(tmp.c_str(), path.c_str()) == 0;
+  return ReplaceFile(path, absl::StrCat("[\n", absl::StrJoin(groups, ",\n"), "\n]\n"));
 }
 
 std::string StatePath(const std::string& run_dir) { return run_dir + "/cluster.state"; }
@@ -211,16 +216,14 @@ int Up(const ClusterFlags& f) {
   std::vector<Member> members;
   // cluster.state lists every process from the moment it is started (port 0 until it serves), so
   // `cluster down` stops them also when this command is interrupted half way (Ctrl-C: the
-  // children run in their own sessions and do not see it). Replaced whole (tmp + rename).
+  // children run in their own sessions and do not see it).
   auto write_state = [&]() -> bool {
-    const std::string path = StatePath(f.run_dir), tmp = path + ".tmp";
-    std::ofstream state(tmp);
+    std::string body;
     for (const Member& m : members) {
-      state << m.role << " " << m.name << " " << m.pid << " " << m.port << " " << m.binary << " "
-            << m.log << "\n";
+      absl::StrAppend(&body, m.role, " ", m.name, " ", m.pid, " ", m.port, " ", m.binary, " ",
+                      m.log, "\n");
     }
-    state.close();
-    return state.good() && std::rename(tmp.c_str(), path.c_str()) == 0;
+    return ReplaceFile(StatePath(f.run_dir), body);
   };
   auto stop_all = [&] {
     for (auto it = started.rbegin(); it != started.rend(); ++it) it->Stop(absl::Seconds(10));
