@@ -60,7 +60,7 @@ struct Rig {
     const int index = *cluster->AddNode("instant", "");
     cluster->Reset(index, {.epoch = 1, .seq = 0, .load = {.load = 0.1}});
     service = std::make_unique<RouterServiceImpl>(
-        RouterServiceOptions{.max_history_events = 1 << 16, .features = 2}, *cluster);
+        RouterServiceOptions{.max_history_events = 1 << 16}, *cluster);
     service->SetNodeStub(
         index, std::shared_ptr<v1::ServingNode::Stub>(v1::ServingNode::NewStub(
                    MakeChannel(absl::StrCat("127.0.0.1:", node_server_->port()), 256 << 20))));

@@ -221,7 +221,6 @@ int main(int argc, char** argv) {
                                            .retry = retry,
                                            .retry_budget = retry_budget,
                                            .max_in_flight = max_in_flight,
-                                           .features = options.features.size(),
                                            .calibrator = calibrator.get(),
                                            .frontend_token = frontend_token->get()},
                                           **cluster, &metrics);

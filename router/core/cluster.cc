@@ -59,6 +59,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Create(const ClusterOptions& o
     if (f.residency_shard_rows == 0) {
       return absl::InvalidArgumentError("router.features: residency_shard_rows 0");
     }
+    if (f.rows == 0) return absl::InvalidArgumentError("router.features: rows 0");
   }
   if (!(options.kv_filter_headroom >= 1)) {
     return absl::InvalidArgumentError("router.kv_filter_headroom: must be >= 1");

@@ -9,6 +9,7 @@
 // under-estimated by what it had when it was dropped). Deterministic: ties break by (table, shard).
 
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <vector>
 
@@ -18,10 +19,12 @@ namespace hlem::router {
 
 using ShardKey = serving::TableKey;  // (table id, residency shard id)
 
-// One feature of an event: its table and the table's residency shard size.
+// One feature of an event: its table, the table's residency shard size and its rows (valid ids
+// are [0, rows); the largest uint64 when not known, e.g. in the simulator).
 struct FeatureShards {
   uint32_t table_id = 0;
   uint64_t residency_shard_rows = 4096;
+  uint64_t rows = std::numeric_limits<uint64_t>::max();
 };
 
 struct ProfileEntry {

@@ -23,7 +23,7 @@ absl::StatusOr<v1::NodeInfo> FetchNodeInfo(v1::ServingNode::StubInterface& stub,
 std::vector<FeatureShards> FeaturesOf(const v1::NodeInfo& info) {
   std::vector<FeatureShards> out;
   for (const v1::FeatureTable& t : info.feature_tables()) {
-    out.push_back({t.table_id(), t.residency_shard_rows()});
+    out.push_back({t.table_id(), t.residency_shard_rows(), t.rows()});
   }
   return out;
 }
@@ -54,7 +54,8 @@ absl::Status NodeLinks::Join(const std::string& address) {
   bool same = features.size() == want.size();
   for (size_t f = 0; same && f < features.size(); ++f) {
     same = features[f].table_id == want[f].table_id &&
-           features[f].residency_shard_rows == want[f].residency_shard_rows;
+           features[f].residency_shard_rows == want[f].residency_shard_rows &&
+           features[f].rows == want[f].rows;
   }
   if (!same) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -29,7 +29,7 @@ namespace hlem::router {
 // The node's GetNodeInfo, within `timeout`.
 absl::StatusOr<hlem::v1::NodeInfo> FetchNodeInfo(hlem::v1::ServingNode::StubInterface& stub,
                                                  absl::Duration timeout);
-// The residency shard sizes of the node's feature tables, in feature order.
+// The node's feature tables (table id, residency shard size, rows), in feature order.
 std::vector<FeatureShards> FeaturesOf(const hlem::v1::NodeInfo& info);
 
 class NodeLinks {

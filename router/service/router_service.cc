@@ -31,6 +31,37 @@ v1::RoutingReason ToProto(Reason reason) {
   return v1::ROUTING_REASON_UNSPECIFIED;
 }
 
+namespace {
+
+// Appends one event's or candidate's feature ids (the proto's length rule: one per feature table,
+// or none and the item id when there is one table), each checked against its table's rows with the
+// node's codes: INVALID_ARGUMENT for a wrong count, OUT_OF_RANGE for an id beyond its table.
+absl::Status AppendCheckedIds(const google::protobuf::RepeatedField<uint64_t>& ids,
+                              uint64_t item_id, const std::vector<FeatureShards>& features,
+                              const char* what, int index, std::vector<uint64_t>* out) {
+  const size_t F = features.size();
+  const size_t first = out->size();
+  if (static_cast<size_t>(ids.size()) == F) {
+    out->insert(out->end(), ids.begin(), ids.end());
+  } else if (ids.empty() && F == 1) {
+    out->push_back(item_id);
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(what, "[", index, "].feature_ids: ", ids.size(),
+                                                   " ids; the nodes have ", F, " feature tables"));
+  }
+  for (size_t f = 0; f < F; ++f) {
+    const uint64_t id = (*out)[first + f];
+    if (id >= features[f].rows) {
+      return absl::OutOfRangeError(absl::StrCat(what, "[", index, "].feature_ids[", f, "]: id ", id,
+                                                " >= table ", features[f].table_id, "'s ",
+                                                features[f].rows, " rows"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 void RouterServiceImpl::SetNodeStub(int index,
                                     std::shared_ptr<v1::ServingNode::StubInterface> stub) {
   absl::MutexLock lock(&mu_);
@@ -89,19 +120,30 @@ grpc::Status RouterServiceImpl::Route(grpc::ServerContext* context,
   if (deadline <= received) {
     return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline passed on arrival");
   }
-  // The history's feature ids for the user's shard profile.
-  const size_t F = options_.features;
+  // The history's feature ids for the user's shard profile. Every id is checked against its
+  // table's rows here, as the node checks them: a request the node would refuse must not replace
+  // the user's profile on its way there.
+  const std::vector<FeatureShards>& features = cluster_.options().features;
   std::vector<uint64_t> ids;
-  ids.reserve(static_cast<size_t>(request->history_size()) * F);
+  ids.reserve(static_cast<size_t>(request->history_size()) * features.size());
   for (int i = 0; i < request->history_size(); ++i) {
     const v1::Event& e = request->history(i);
-    if (static_cast<size_t>(e.feature_ids_size()) == F) {
-      ids.insert(ids.end(), e.feature_ids().begin(), e.feature_ids().end());
-    } else if (e.feature_ids_size() == 0 && F == 1) {
-      ids.push_back(e.item_id());
-    } else {
-      return invalid(absl::StrCat("history[", i, "].feature_ids: ", e.feature_ids_size(),
-                                  " ids; the nodes have ", F, " feature tables"));
+    if (absl::Status st =
+            AppendCheckedIds(e.feature_ids(), e.item_id(), features, "history", i, &ids);
+        !st.ok()) {
+      return ToGrpcStatus(st);
+    }
+  }
+  {
+    std::vector<uint64_t> candidate_ids;
+    for (int i = 0; i < request->candidates_size(); ++i) {
+      const v1::Candidate& c = request->candidates(i);
+      candidate_ids.clear();
+      if (absl::Status st = AppendCheckedIds(c.feature_ids(), c.item_id(), features, "candidates",
+                                             i, &candidate_ids);
+          !st.ok()) {
+        return ToGrpcStatus(st);
+      }
     }
   }
   const bool delta = request->has_delta() && request->delta().length() > 0;

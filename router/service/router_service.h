@@ -32,7 +32,6 @@ struct RouterServiceOptions {
   // Recommend calls being handled at once; beyond it a call is answered RESOURCE_EXHAUSTED at
   // once (0 = no limit): under overload the router sheds at its door instead of queueing.
   uint32_t max_in_flight = 0;
-  size_t features = 1;  // feature ids per event (the nodes' feature tables)
   // Fed with every answer's costs when set (online calibration; the caller applies its weights).
   CostCalibrator* calibrator = nullptr;
   // When set, every call needs 'authorization: Bearer <token>' (the frontends' token).

@@ -62,12 +62,13 @@ v1::RecommendRequest Request(uint64_t user) {
 
 class RouterServiceTest : public ::testing::Test {
  protected:
-  void Start(RouterServiceOptions options) {
+  // `rows`: of the one feature table (valid ids [0, rows)).
+  void Start(RouterServiceOptions options, uint64_t rows = 1 << 20) {
     auto node_server = GrpcServer::Create({.listen = "127.0.0.1:0"}, {&node_});
     ASSERT_TRUE(node_server.ok()) << node_server.status();
     node_server_ = std::move(*node_server);
     ClusterOptions c;
-    c.features = {{.table_id = 0, .residency_shard_rows = 64}};
+    c.features = {{.table_id = 0, .residency_shard_rows = 64, .rows = rows}};
     auto cluster = Cluster::Create(c, clock_);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     cluster_ = std::move(*cluster);
@@ -75,7 +76,6 @@ class RouterServiceTest : public ::testing::Test {
     serving::ResidencySnapshot snapshot;
     snapshot.epoch = 1;
     cluster_->Reset(index, snapshot);
-    options.features = 1;
     service_ = std::make_unique<RouterServiceImpl>(options, *cluster_);
     service_->SetNodeStub(
         index,
@@ -149,6 +149,43 @@ TEST_F(RouterServiceTest, NoLimitByDefault) {
 }
 
 // The frontend token is checked before anything else, over a real server.
+// An id beyond its table is refused at the router with the node's code (OUT_OF_RANGE), before the
+// request reaches a node or replaces the user's shard profile; so is a wrong count of ids.
+TEST_F(RouterServiceTest, IdsBeyondTheirTableAreRefusedBeforeTheProfileAndTheNode) {
+  Start({}, /*rows=*/16);
+  node_.Release();
+  auto call = [&](const v1::RecommendRequest& request) {
+    grpc::ServerContext context;
+    v1::RecommendResponse response;
+    return service_->Recommend(&context, &request, &response);
+  };
+  v1::RecommendRequest history = Request(1);
+  history.add_history()->set_item_id(16);
+  grpc::Status st = call(history);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::OUT_OF_RANGE);
+  EXPECT_THAT(st.error_message(), HasSubstr("history[4].feature_ids[0]: id 16 >= table 0's 16"));
+  v1::RecommendRequest candidate = Request(1);
+  candidate.add_candidates()->add_feature_ids(1u << 30);
+  st = call(candidate);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::OUT_OF_RANGE);
+  EXPECT_THAT(st.error_message(), HasSubstr("candidates[1].feature_ids[0]: id 1073741824"));
+  v1::RecommendRequest two_ids = Request(1);
+  two_ids.mutable_history(0)->add_feature_ids(1);
+  two_ids.mutable_history(0)->add_feature_ids(2);
+  st = call(two_ids);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), HasSubstr("history[0].feature_ids: 2 ids"));
+  EXPECT_EQ(node_.calls(), 0);
+  EXPECT_EQ(cluster_->Stats().cached_profiles, 0u);
+
+  // The last id in range passes.
+  v1::RecommendRequest last = Request(1);
+  last.add_history()->set_item_id(15);
+  EXPECT_TRUE(call(last).ok());
+  EXPECT_EQ(node_.calls(), 1);
+  EXPECT_EQ(cluster_->Stats().cached_profiles, 1u);
+}
+
 TEST_F(RouterServiceTest, FrontendTokenIsRequired) {
   auto token = TokenFile::Fixed("frontend-secret");
   Start({.frontend_token = token.get()});
@@ -197,7 +234,6 @@ class RefusingCluster {
     auto cluster = Cluster::Create(c, clock_);
     EXPECT_TRUE(cluster.ok()) << cluster.status();
     cluster_ = std::move(*cluster);
-    options.features = 1;
     service_ = std::make_unique<RouterServiceImpl>(options, *cluster_);
     for (int i = 0; i < 2; ++i) {
       auto server = GrpcServer::Create({.listen = "127.0.0.1:0"}, {&nodes_[i]});
