@@ -277,13 +277,19 @@ for (const kind of ["PodDisruptionBudget"]) {
 }
 
 // Transport security and tokens agree across the cluster: one --tls mode and server name for
-// every gRPC container (a plaintext client cannot reach a TLS server); when the nodes' admin port
-// takes a token, the router and the allocator (its callers) send one.
+// every gRPC container (a plaintext client cannot reach a TLS server); an admin port always takes
+// the admin token (a NetworkPolicy alone lets every pod of the namespace in), and when the nodes'
+// admin port takes one, the router and the allocator (its callers) send it.
 {
   const containers = workloads.flatMap((w) => (w.spec.template.spec.containers ?? []).map((c) => [name(w), c]));
   for (const flag of ["--tls", "--tls-server-name"]) {
     const values = new Set(containers.map(([, c]) => flagValue(c, flag) ?? "(unset)"));
     if (values.size > 1) fail("cluster", `${flag} differs between containers: ${[...values].join(", ")}`);
+  }
+  for (const [w, c] of containers) {
+    if (flagValue(c, "--admin-listen") !== undefined && flagValue(c, "--admin-token-file") === undefined) {
+      fail(w, "its admin port listens without --admin-token-file");
+    }
   }
   const node = containers.find(([w]) => w === "StatefulSet/serving-node");
   if (node && flagValue(node[1], "--admin-token-file") !== undefined) {

@@ -86,6 +86,8 @@ broken "a grace period shorter than preStop + drain" "terminationGracePeriodSeco
   's|terminationGracePeriodSeconds: 10|terminationGracePeriodSeconds: 6|'
 broken "a schema error" "must be integer" 's|containerPort: 9464|containerPort: "9464"|'
 broken "a router SLO other than the nodes'" "node.slo" 's|--drain-timeout=2|--slo-ms=40|'
+broken "an admin port without the admin token" "listens without --admin-token-file" \
+  's|--admin-token-file=/etc/hlem-tokens/admin.token|--log-level=info|g'
 base="$work/paper.yaml"  # mutual TLS and tokens
 broken "one plaintext container in a TLS cluster" "--tls differs" '0,/--tls=mtls/s//--tls=off/'
 broken "a node admin caller without the admin token" "passes no --admin-token-file" \
