@@ -143,16 +143,25 @@ absl::Status CheckInferInput(const PipelineOptions& options, const InferInput& i
 
 // Waits for a set of device copies; records the first failure. Shared with the callbacks, which
 // also keep their source bytes (and destination buffer) alive: after a timeout the request
-// returns, and a late copy must still find them.
+// returns, and a late copy must still find them; Finally then settles what the request left.
 class Pipeline::CopyWaiter : public std::enable_shared_from_this<CopyWaiter> {
  public:
   std::function<void(absl::Status)> Add(std::shared_ptr<const void> keep) {
     absl::MutexLock lock(&mu_);
     ++left_;
     return [self = shared_from_this(), keep = std::move(keep)](absl::Status st) {
-      absl::MutexLock lock(&self->mu_);
-      if (!st.ok() && self->error_.ok()) self->error_ = st;
-      --self->left_;
+      std::function<void(absl::Status)> finally;
+      absl::Status error;
+      {
+        absl::MutexLock lock(&self->mu_);
+        if (!st.ok() && self->error_.ok()) self->error_ = st;
+        if (--self->left_ == 0 && self->finally_) {
+          finally = std::move(self->finally_);
+          self->finally_ = nullptr;
+          error = self->error_;
+        }
+      }
+      if (finally) finally(std::move(error));
     };
   }
   // False when the copies did not all complete within `timeout` (real time).
@@ -160,6 +169,21 @@ class Pipeline::CopyWaiter : public std::enable_shared_from_this<CopyWaiter> {
     absl::MutexLock lock(&mu_);
     auto done = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return left_ == 0; };
     return mu_.AwaitWithTimeout(absl::Condition(&done), timeout);
+  }
+  // Runs `fn` with the first failure (OK when none) once every copy has completed: at once, on
+  // this thread, when they already have; otherwise on the thread of the last one (a device
+  // thread, as the refill's commits). Once per waiter.
+  void Finally(std::function<void(absl::Status)> fn) {
+    absl::Status error;
+    {
+      absl::MutexLock lock(&mu_);
+      if (left_ > 0) {
+        finally_ = std::move(fn);
+        return;
+      }
+      error = error_;
+    }
+    fn(std::move(error));
   }
   absl::Status error() {
     absl::MutexLock lock(&mu_);
@@ -170,6 +194,7 @@ class Pipeline::CopyWaiter : public std::enable_shared_from_this<CopyWaiter> {
   absl::Mutex mu_;
   int64_t left_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
+  std::function<void(absl::Status)> finally_ ABSL_GUARDED_BY(mu_);
 };
 
 void Pipeline::CopyMisses(uint32_t table, std::span<const uint64_t> miss_rows,
@@ -235,13 +260,29 @@ absl::Status Pipeline::Embed(std::span<const uint64_t> ids, absl::Time deadline,
   auto uncached = std::make_shared<Uncached>();
   std::vector<Admitted> admitted;
   auto copies = std::make_shared<CopyWaiter>();
-  // A failure part-way (a later table's fetch, the deadline) releases the slots reserved for the
-  // earlier tables once their copies are done (after a copy timeout they stay pending rather than
-  // risk a slot being reused under a late copy).
+  // The copies are waited for up to the request's deadline (copy_timeout bounds a wait on a clock
+  // that does not run in real time, or a request without one).
+  auto wait_copies = [&] {
+    const absl::Duration to_deadline = deadline - clock_.Now();
+    return copies->Wait(
+        std::max(absl::ZeroDuration(), std::min(options_.copy_timeout, to_deadline)));
+  };
+  // Settles the rows admitted so far once their copies have completed, whenever that is (a slot
+  // is never released under a copy still in flight): landed, they are committed (the bytes are
+  // good for the next request), otherwise released. When the request gives up (a later table's
+  // fetch failed, its deadline passed, the copies were stuck), it waits for its copies no longer
+  // than its deadline; those still out settle on the device's thread as they land.
+  auto settle_later = [this, copies, &admitted] {
+    copies->Finally([emb = &emb_, admitted = std::move(admitted)](absl::Status copy_error) {
+      for (const Admitted& adm : admitted) {
+        (void)(copy_error.ok() ? emb->Commit(adm.table, adm.rows)
+                               : emb->Abort(adm.table, adm.rows));
+      }
+    });
+  };
   auto abandon = [&](absl::Status st) {
-    if (copies->Wait(options_.copy_timeout)) {
-      for (const Admitted& adm : admitted) (void)emb_.Abort(adm.table, adm.rows);
-    }
+    (void)wait_copies();
+    settle_later();
     return st;
   };
   // The hits stay pinned until they are summed: this request's own admissions, the refill and
@@ -323,9 +364,12 @@ absl::Status Pipeline::Embed(std::span<const uint64_t> ids, absl::Time deadline,
   {
     const absl::Time copy_start = clock_.Now();
     absl::Cleanup copy_time = [&] { info->copy_seconds += clock_.Now() - copy_start; };
-    if (!copies->Wait(options_.copy_timeout)) {
-      // The copies may still land; their reservations stay pending rather than risk a slot being
-      // reused under a late copy.
+    if (!wait_copies()) {
+      settle_later();
+      if (clock_.Now() >= deadline) {
+        return absl::DeadlineExceededError(
+            "deadline passed while copying embedding rows to the device");
+      }
       return absl::InternalError("embedding copies did not complete within copy_timeout");
     }
     const absl::Status copy_error = copies->error();

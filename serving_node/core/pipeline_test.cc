@@ -10,6 +10,7 @@
 #include "common/clock.h"
 #include "common/rng.h"
 #include "common/shed.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "serving_node/core/emb_cache.h"
 #include "serving_node/core/hbm_pool.h"
@@ -26,16 +27,14 @@ using namespace ::hlem::serving::testing;  // NOLINT: the fakes
 class PipelineTest : public ::testing::Test {
  protected:
   void SetUp() override { Build({}); }
-  void Build(PipelineOptions options, uint32_t emb_pages = 16) {
+  void Build(PipelineOptions options, uint32_t emb_pages = 16,
+             LinkOptions link = {.bytes_per_second = 1e10, .latency = absl::Microseconds(1)}) {
     pipeline_.reset();
     emb_.reset();
     kv_.reset();
     device_.reset();
     pool_ = *HbmPool::Create({.pool_bytes = 64 * kPageBytes, .page_bytes = kPageBytes});
-    device_ =
-        *CpuDevice::Create({.pool_bytes = 64 * kPageBytes,
-                            .link = {.bytes_per_second = 1e10, .latency = absl::Microseconds(1)}},
-                           clock_);
+    device_ = *CpuDevice::Create({.pool_bytes = 64 * kPageBytes, .link = link}, clock_);
     kv_ = *KvCache::Create({.layers = 1, .kv_dim = kDim, .dtype_bytes = 4, .budget_pages = 32},
                            *pool_, nullptr, clock_);
     emb_ = *EmbCache::Create({.tables = {{0, kDim * 4}, {1, kDim * 4}}, .budget_pages = emb_pages},
@@ -285,6 +284,37 @@ TEST_F(PipelineTest, AFailedFetchLeavesTheUsersKvAsItWas) {
   source_.fail_from_call = -1;
   EXPECT_EQ(emb_->GetStats().pending_entries, 0u);
   EXPECT_TRUE(emb_->CheckInvariants().ok()) << emb_->CheckInvariants();
+}
+
+// Copies slower than the request's deadline end it with DEADLINE_EXCEEDED at the deadline (not at
+// copy_timeout, 10 s); the rows it reserved are committed when their copies land (not left
+// pending, which would hold their slots for good), and the next request finds them resident.
+TEST_F(PipelineTest, SlowCopiesEndTheRequestAtItsDeadlineAndSettleWhenTheyLand) {
+  using ::testing::HasSubstr;
+  Build({}, 16, {.bytes_per_second = 1e10, .latency = absl::Seconds(1)});
+  Rng rng(11);
+  const std::vector<uint64_t> history = Events(rng, 20), cand = Events(rng, 2);
+  InferInput in = Input(6, history, cand);
+  in.deadline = clock_.Now() + absl::Milliseconds(100);
+  const absl::Time start = absl::Now();
+  auto late = pipeline_->Infer(in);
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded) << late.status();
+  EXPECT_THAT(std::string(late.status().message()), HasSubstr("while copying embedding rows"));
+  EXPECT_LT(took, absl::Milliseconds(800));         // the copy's latency is 1 s
+  EXPECT_GT(emb_->GetStats().pending_entries, 0u);  // still in flight
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (emb_->GetStats().pending_entries > 0 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(emb_->GetStats().pending_entries, 0u);
+  EXPECT_GT(emb_->GetStats().entries, 0u);
+  EXPECT_TRUE(emb_->CheckInvariants().ok()) << emb_->CheckInvariants();
+  // Without a deadline the same request is served, from the rows the late copies committed.
+  auto r = pipeline_->Infer(Input(6, history, cand));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_GT(r->emb_hits, 0u);
+  ExpectNear(r->scores, Expected(history, cand));
 }
 
 // A runner that throws (libtorch's c10::Error, bad_alloc) fails its batch with INTERNAL, every

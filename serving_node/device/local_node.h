@@ -91,11 +91,14 @@ struct LocalNode {
 
   std::unique_ptr<ModelRunner> owned_runner;  // optional
   std::unique_ptr<HbmPool> pool;
-  std::unique_ptr<Device> device;
   std::unique_ptr<ResidencyEventLog> events;
   std::shared_ptr<ResidencyState> residency;
   std::unique_ptr<KvCache> kv;
   std::unique_ptr<EmbCache> emb;
+  // Destroyed before the caches: a copy still in flight at shutdown (a request that gave up at
+  // its deadline, a refill chunk) commits into the EMB cache when it lands, and the device runs
+  // no completion once it is gone.
+  std::unique_ptr<Device> device;
   std::unique_ptr<MemoryManager> memory;
   std::unique_ptr<PopularitySketch> sketch;
   std::unique_ptr<Refiller> refiller;
