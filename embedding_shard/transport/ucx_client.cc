@@ -186,8 +186,7 @@ absl::Status UcxShardTransport::ConnectLocked(uint32_t server, const RdmaServerI
   absl::Status flushed =
       WaitLocked(ucp_ep_flush_nbx(s.ep, &flush), server, deadline, "warm-up flush");
   if (!flushed.ok()) return flushed;
-  uint64_t op_id = next_op_++;
-  ops_[op_id];
+  const uint64_t op_id = NewOpLocked(server);
   GatherRequestHeader header{op_id, 0, 0};
   ucp_request_param_t am{};
   am.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
@@ -233,6 +232,19 @@ void UcxShardTransport::DisconnectLocked(uint32_t server) {
     }
     s.ep = nullptr;
   }
+  for (auto& [id, op] : ops_) {
+    if (op.server == server && !op.done) {
+      op.done = true;
+      op.status = absl::UnavailableError(
+          absl::StrCat("shard ", server, ": its endpoint was closed before the answer"));
+    }
+  }
+}
+
+uint64_t UcxShardTransport::NewOpLocked(uint32_t server) {
+  const uint64_t op_id = next_op_++;
+  ops_[op_id].server = server;
+  return op_id;
 }
 
 absl::Status UcxShardTransport::WaitLocked(void* request, uint32_t server, absl::Time deadline,
@@ -363,8 +375,7 @@ absl::StatusOr<uint64_t> UcxShardTransport::StartGetsLocked(uint32_t server, con
     if (UCS_PTR_IS_ERR(req)) return UcsToStatus(UCS_PTR_STATUS(req), "ucp_get_nbx");
     if (req != nullptr) ucp_request_free(req);  // completion is tracked by the flush below
   }
-  uint64_t op_id = next_op_++;
-  ops_[op_id];
+  const uint64_t op_id = NewOpLocked(server);
   ucp_request_param_t flush{};
   flush.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   flush.cb.send = &UcxShardTransport::OnOpDone;
@@ -386,7 +397,7 @@ absl::StatusOr<uint64_t> UcxShardTransport::StartGatherLocked(uint32_t server,
                                                               const TableSpec& spec,
                                                               const ReadBatch& batch) {
   Server& s = servers_[server];
-  uint64_t op_id = next_op_++;
+  const uint64_t op_id = NewOpLocked(server);
   Op& op = ops_[op_id];
   op.dst.assign(batch.dst.begin(), batch.dst.end());
   op.row_bytes = spec.row_bytes();

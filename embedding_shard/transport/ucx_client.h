@@ -80,6 +80,7 @@ class UcxShardTransport final : public ShardTransport {
     std::vector<Region> regions;
   };
   struct Op {
+    uint32_t server = 0;  // whose endpoint carries it: closing that endpoint fails it
     bool done = false;
     absl::Status status;
     // gather replies only
@@ -93,7 +94,11 @@ class UcxShardTransport final : public ShardTransport {
       : options_(options), map_(std::move(map)) {}
   absl::Status ConnectLocked(uint32_t server, const RdmaServerInfo& info)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Force-closes the server's endpoint (nothing writes into caller buffers afterwards) and fails
+  // every op still out on it with UNAVAILABLE: a reply can no longer come on that endpoint, and a
+  // reconnect must not leave them waiting out their deadline.
   void DisconnectLocked(uint32_t server) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t NewOpLocked(uint32_t server) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   UcxReadMode ModeForLocked(uint32_t server, size_t rows) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits for a request on server `server`'s endpoint until `deadline`. Past it the request is
   // cancelled, and if UCX cannot cancel it (flushes and sends) the endpoint is force-closed, which

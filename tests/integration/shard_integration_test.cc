@@ -340,6 +340,64 @@ TEST(ShardIntegrationTest, BadInputGetsClearStatusesOverGrpcAndUcx) {
             absl::StatusCode::kOutOfRange);
 }
 
+// A shard stopped with a read out on it, then killed and restarted at the same address (a pod
+// restart): the client's reconnect closes the old endpoint, on which the read can get no answer,
+// so the read fails at once with UNAVAILABLE instead of waiting out its deadline (10 s here);
+// reads after the reconnect go through with the right bytes. Over shared memory and over tcp.
+TEST(ShardIntegrationTest, AReconnectFailsTheReadsStillOutOnTheOldEndpoint) {
+  for (const std::string transports : {"auto", "tcp"}) {
+    SCOPED_TRACE(transports);
+    auto cluster = StartCluster(absl::StrCat("reconnect_", transports), /*replicas=*/1, transports);
+    ASSERT_NE(cluster, nullptr);
+    ShardClientSetup setup;
+    setup.cluster = cluster->config();
+    setup.ucx_mode = UcxReadMode::kGather;
+    setup.probe_interval = absl::Hours(1);  // this test reconnects by hand
+    auto client = ConnectShardClient(setup, RealClock::Get());
+    ASSERT_TRUE(client.ok()) << client.status();
+    auto& ucx = static_cast<UcxShardTransport&>((*client)->transport());
+    const TableSpec& item = cluster->config().tables[0];
+    const ShardMap map = *ShardMap::Create(cluster->config().map);
+    const TableLayout layout = map.Layout(item);
+    std::vector<uint64_t> rows, slots;  // rows shard 0 holds
+    for (uint64_t r = 0; rows.size() < 64; ++r) {
+      const uint64_t slot = layout.SlotOfRow(r);
+      if (map.ServersOf(layout.PartitionOfSlot(slot)).front() != 0) continue;
+      rows.push_back(r);
+      slots.push_back(slot);
+    }
+    std::vector<std::byte> buf(rows.size() * item.row_bytes());
+    std::vector<std::byte*> dst;
+    for (size_t i = 0; i < rows.size(); ++i) dst.push_back(&buf[i * item.row_bytes()]);
+
+    cluster->process(0).Signal(SIGSTOP);
+    auto pending = ucx.Start(0, item, ReadBatch{rows, slots, dst}, absl::Now() + absl::Seconds(10));
+    ASSERT_TRUE(pending.ok()) << pending.status();
+    const absl::Status restarted = cluster->Restart(0);
+    ASSERT_TRUE(restarted.ok()) << restarted;
+    // (The first RPC on the channel to the killed process may fail: the prober's retries.)
+    absl::Status reconnected = ucx.Reconnect(0);
+    for (int i = 0; i < 50 && !reconnected.ok(); ++i) {
+      absl::SleepFor(absl::Milliseconds(100));
+      reconnected = ucx.Reconnect(0);
+    }
+    ASSERT_TRUE(reconnected.ok()) << reconnected;
+    const absl::Time start = absl::Now();
+    const absl::Status s = ucx.Finish(**pending, absl::Now() + absl::Seconds(10));
+    EXPECT_LT(absl::Now() - start, absl::Seconds(2)) << s;
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("endpoint was closed")) << s;
+
+    // The restarted shard serves the same rows.
+    std::vector<std::byte> out(rows.size() * item.row_bytes()), expected(item.row_bytes());
+    ASSERT_TRUE((*client)->Fetch(item.id, rows, out, absl::Now() + absl::Seconds(10)).ok());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      GenerateRow(cluster->config().content.seed, item, rows[i], expected.data());
+      EXPECT_EQ(std::memcmp(&out[i * item.row_bytes()], expected.data(), item.row_bytes()), 0);
+    }
+  }
+}
+
 TEST(ShardIntegrationTest, MetricsShowTrafficByTransport) {
   auto cluster = StartCluster("metrics", /*replicas=*/2);
   ASSERT_NE(cluster, nullptr);

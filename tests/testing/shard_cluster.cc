@@ -1,5 +1,6 @@
 #include "tests/testing/shard_cluster.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -61,6 +62,28 @@ absl::StatusOr<std::unique_ptr<ShardCluster>> ShardCluster::Start(
   }
   cluster->config_.servers = cluster->addresses_;
   return cluster;
+}
+
+absl::Status ShardCluster::Restart(size_t shard) {
+  if (shard >= processes_.size()) return absl::InvalidArgumentError("no such shard");
+  processes_[shard].Signal(SIGKILL);
+  if (absl::StatusOr<int> st = processes_[shard].Wait(absl::Seconds(10)); !st.ok()) {
+    return st.status();
+  }
+  const std::string ports = absl::StrCat(options_.work_dir, "/shard", shard, ".ports");
+  std::error_code ec;
+  std::filesystem::remove(ports, ec);
+  auto process = ChildProcess::Start(
+      {options_.binary, "--config", options_.work_dir + "/shards.yaml", "--shard-index",
+       std::to_string(shard), "--ports-file", ports, "--listen", addresses_[shard]},
+      log_path(shard) + ".restart");
+  if (!process.ok()) return process.status();
+  processes_[shard] = std::move(*process);
+  auto port = WaitForPort(ports, "grpc", options_.start_timeout, &processes_[shard]);
+  if (!port.ok()) return port.status();
+  auto metrics = WaitForPort(ports, "metrics", absl::Seconds(1));
+  metrics_ports_[shard] = metrics.ok() ? *metrics : 0;
+  return absl::OkStatus();
 }
 
 }  // namespace hlem::testing

@@ -30,6 +30,9 @@ class ShardCluster {
   std::vector<int> metrics_ports() const { return metrics_ports_; }
   ChildProcess& process(size_t shard) { return processes_[shard]; }
   std::string log_path(size_t shard) const;
+  // Kills shard `shard` (SIGKILL) and starts it again on the same gRPC address, as a restarted pod
+  // behind the same name; returns once it serves (its log: log_path(shard) + ".restart").
+  absl::Status Restart(size_t shard);
   size_t size() const { return processes_.size(); }
 
  private:
