@@ -55,6 +55,25 @@ absl::StatusOr<ClientTransport> ParseClientTransport(absl::string_view name) {
       absl::StrCat("unknown transport '", name, "'; allowed: ucx, grpc"));
 }
 
+absl::StatusOr<RdmaServerInfo> FetchRdmaServerInfo(GrpcShardTransport& grpc, uint32_t server,
+                                                   absl::Time deadline) {
+  grpc::ClientContext context;
+  SetDeadline(context, deadline);
+  hlem::v1::RdmaInfo info;
+  absl::Status status = FromGrpcStatus(
+      grpc.stub(server).GetRdmaInfo(&context, hlem::v1::GetRdmaInfoRequest(), &info));
+  if (!status.ok()) return status;
+  RdmaServerInfo out;
+  out.worker_address = info.worker_address();
+  out.host_id = info.host_id();
+  out.transports.assign(info.transports().begin(), info.transports().end());
+  for (const auto& r : info.regions()) {
+    out.regions.push_back(RdmaRegionInfo{r.table_id(), r.partition(), r.base_address(), r.rkey(),
+                                         r.stride_bytes(), r.first_slot(), r.num_slots()});
+  }
+  return out;
+}
+
 absl::StatusOr<std::unique_ptr<ShardClient>> ConnectShardClient(const ShardClientSetup& setup,
                                                                 Clock& clock) {
   std::vector<std::string> addresses =
@@ -146,23 +165,8 @@ absl::StatusOr<std::unique_ptr<ShardClient>> ConnectShardClient(const ShardClien
         metrics->SetEndpointTransports(s, transports);
       };
     }
-    auto fetch = [grpc, &clock](uint32_t s) -> absl::StatusOr<RdmaServerInfo> {
-      grpc::ClientContext context;
-      SetDeadline(context, clock.Now() + absl::Seconds(5));
-      hlem::v1::RdmaInfo info;
-      absl::Status status = FromGrpcStatus(
-          grpc->stub(s).GetRdmaInfo(&context, hlem::v1::GetRdmaInfoRequest(), &info));
-      if (!status.ok()) return status;
-      RdmaServerInfo out;
-      out.worker_address = info.worker_address();
-      out.host_id = info.host_id();
-      out.transports.assign(info.transports().begin(), info.transports().end());
-      for (const auto& r : info.regions()) {
-        out.regions.push_back(RdmaRegionInfo{r.table_id(), r.partition(), r.base_address(),
-                                             r.rkey(), r.stride_bytes(), r.first_slot(),
-                                             r.num_slots()});
-      }
-      return out;
+    auto fetch = [grpc, &clock](uint32_t s) {
+      return FetchRdmaServerInfo(*grpc, s, clock.Now() + absl::Seconds(5));
     };
     auto probe = [grpc](uint32_t s, absl::Time deadline) { return grpc->Probe(s, deadline); };
     auto created = UcxShardTransport::Create(ucx, fetch, probe);

@@ -12,6 +12,7 @@
 #include "common/clock.h"
 #include "common/grpc_security.h"
 #include "common/metrics.h"
+#include "embedding_shard/client/grpc_transport.h"
 #include "embedding_shard/core/shard_client.h"
 #include "embedding_shard/core/shard_config.h"
 #include "embedding_shard/transport/ucx_client.h"
@@ -33,6 +34,11 @@ struct ShardClientSetup {
   MetricsRegistry* metrics = nullptr;  // optional: export hlem_shard_client_* here
   TlsConfig tls;                       // the gRPC channels' (UCX reads are not covered)
 };
+
+// Server `server`'s UCX worker address and memory regions (EmbeddingShard.GetRdmaInfo), within
+// `deadline`: what UcxShardTransport connects with.
+absl::StatusOr<RdmaServerInfo> FetchRdmaServerInfo(GrpcShardTransport& grpc, uint32_t server,
+                                                   absl::Time deadline);
 
 // FAILED_PRECONDITION when a server's shard map or tables differ from the config; a server that
 // does not answer is tolerated (it is marked down and probed) as long as one answers.

@@ -5,12 +5,23 @@
 
 #include <cstring>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
 
 namespace hlem::shard {
 namespace {
+
+// How long a request UCX cannot complete (a close or a send to a stopped peer) is waited for
+// before it is left to UCX.
+constexpr absl::Duration kAbandonAfter = absl::Milliseconds(500);
+
+// The connection warm-up's target and message: they must outlive its requests.
+struct WarmUpBuffers {
+  std::byte scratch[8];
+  GatherRequestHeader header;
+};
 
 uint64_t RegionKey(uint32_t table_id, uint32_t partition) {
   return (uint64_t{table_id} << 32) | partition;
@@ -124,6 +135,13 @@ absl::Status UcxShardTransport::Reconnect(uint32_t server) {
   if (server >= options_.num_servers) return absl::InvalidArgumentError("no such shard");
   auto info = fetch_info_(server);  // an RPC: outside the worker lock
   absl::MutexLock lock(&mu_);
+  if (servers_[server].connecting) {
+    return absl::UnavailableError(absl::StrCat("shard ", server, ": already reconnecting"));
+  }
+  servers_[server].connecting = true;
+  absl::Cleanup connected = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    servers_[server].connecting = false;
+  };
   DisconnectLocked(server);
   if (!info.ok()) return info.status();
   absl::Status s = ConnectLocked(server, *info);
@@ -172,29 +190,39 @@ absl::Status UcxShardTransport::ConnectLocked(uint32_t server, const RdmaServerI
   s.failed = false;
   // Wire up every lane now, so the first request pays nothing: one get per region, and an empty
   // gather request (answered with INVALID_ARGUMENT) for the active-message path both ways.
-  absl::Time deadline = absl::Now() + absl::Seconds(10);
-  std::vector<std::byte> scratch(64);
+  const absl::Time deadline = absl::Now() + options_.warmup_timeout;
+  // The warm-up's buffers are freed only once its requests have completed: a request to a stuck
+  // peer may be abandoned in progress (WaitLocked), and then they are left to it (a few bytes).
+  auto warm = std::make_unique<WarmUpBuffers>();
+  bool completed = false;
+  absl::Cleanup leave = [&] {
+    if (!completed) (void)warm.release();
+  };
   for (const Region& region : s.regions) {
     if (region.info.num_slots == 0) continue;
     ucp_request_param_t p{};
-    void* req = ucp_get_nbx(s.ep, scratch.data(), std::min<uint64_t>(8, region.info.stride_bytes),
+    void* req = ucp_get_nbx(s.ep, warm->scratch,
+                            std::min<uint64_t>(sizeof(warm->scratch), region.info.stride_bytes),
                             region.info.base_address, region.rkey, &p);
     if (UCS_PTR_IS_ERR(req)) return UcsToStatus(UCS_PTR_STATUS(req), "warm-up get");
     if (req != nullptr) ucp_request_free(req);
   }
   ucp_request_param_t flush{};
   absl::Status flushed =
-      WaitLocked(ucp_ep_flush_nbx(s.ep, &flush), server, deadline, "warm-up flush");
+      WaitLocked(ucp_ep_flush_nbx(s.ep, &flush), server, deadline, "warm-up flush", true);
   if (!flushed.ok()) return flushed;
   const uint64_t op_id = NewOpLocked(server);
-  GatherRequestHeader header{op_id, 0, 0};
+  warm->header = GatherRequestHeader{op_id, 0, 0};
   ucp_request_param_t am{};
   am.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   am.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
-  void* req = ucp_am_send_nbx(s.ep, kGatherRequestAm, &header, sizeof(header), nullptr, 0, &am);
-  absl::Status sent = WaitLocked(req, server, deadline, "warm-up gather");
+  void* req =
+      ucp_am_send_nbx(s.ep, kGatherRequestAm, &warm->header, sizeof(warm->header), nullptr, 0, &am);
+  absl::Status sent = WaitLocked(req, server, deadline, "warm-up gather", true);
+  completed = sent.ok();
   while (sent.ok() && !ops_[op_id].done && absl::Now() < deadline) {
     ucp_worker_progress(worker_->worker());
+    ShareLockBriefly();
   }
   bool answered = ops_[op_id].done;
   ops_.erase(op_id);
@@ -226,9 +254,14 @@ void UcxShardTransport::DisconnectLocked(uint32_t server) {
     p.flags = UCP_EP_CLOSE_FLAG_FORCE;
     void* req = ucp_ep_close_nbx(s.ep, &p);
     if (req != nullptr && !UCS_PTR_IS_ERR(req)) {
-      while (ucp_request_check_status(req) == UCS_INPROGRESS)
+      const absl::Time give_up = absl::Now() + kAbandonAfter;
+      while (ucp_request_check_status(req) == UCS_INPROGRESS && absl::Now() < give_up) {
         ucp_worker_progress(worker_->worker());
-      ucp_request_free(req);
+      }
+      if (ucp_request_check_status(req) == UCS_INPROGRESS) {
+        GetLogger("shard_client")->warn("ucx_close_abandoned shard={}", server);
+      }
+      ucp_request_free(req);  // allowed in progress: UCX finishes it without telling us
     }
     s.ep = nullptr;
   }
@@ -247,13 +280,20 @@ uint64_t UcxShardTransport::NewOpLocked(uint32_t server) {
   return op_id;
 }
 
+void UcxShardTransport::ShareLockBriefly() {
+  mu_.Unlock();
+  absl::SleepFor(absl::Microseconds(20));
+  mu_.Lock();
+}
+
 absl::Status UcxShardTransport::WaitLocked(void* request, uint32_t server, absl::Time deadline,
-                                           absl::string_view what) {
+                                           absl::string_view what, bool share_lock) {
   if (request == nullptr) return absl::OkStatus();
   if (UCS_PTR_IS_ERR(request)) return UcsToStatus(UCS_PTR_STATUS(request), what);
   ucs_status_t status;
   while ((status = ucp_request_check_status(request)) == UCS_INPROGRESS) {
     ucp_worker_progress(worker_->worker());
+    if (share_lock) ShareLockBriefly();
     if (absl::Now() > deadline) {
       // UCX cancels only receives; a flush or a send to a stuck peer stays in progress until its
       // endpoint goes away. Give the cancel a moment, then force-close the endpoint.
@@ -263,11 +303,18 @@ absl::Status UcxShardTransport::WaitLocked(void* request, uint32_t server, absl:
         ucp_worker_progress(worker_->worker());
       }
       if (ucp_request_check_status(request) == UCS_INPROGRESS) DisconnectLocked(server);
-      while (ucp_request_check_status(request) == UCS_INPROGRESS) {
+      // Even a force-closed endpoint may not complete a send to a stopped peer (UCX 1.13 over
+      // shared memory): after a bounded moment the request is handed back to UCX as it is
+      // (ucp_request_free is allowed in progress; the callers keep its buffers).
+      const absl::Time give_up = absl::Now() + kAbandonAfter;
+      while (ucp_request_check_status(request) == UCS_INPROGRESS && absl::Now() < give_up) {
         ucp_worker_progress(worker_->worker());
+        if (share_lock) ShareLockBriefly();
       }
+      const bool abandoned = ucp_request_check_status(request) == UCS_INPROGRESS;
       ucp_request_free(request);
-      return absl::DeadlineExceededError(absl::StrCat(what, ": timed out"));
+      return absl::DeadlineExceededError(
+          absl::StrCat(what, ": timed out", abandoned ? " (the peer is stuck)" : ""));
     }
   }
   ucp_request_free(request);
@@ -542,15 +589,16 @@ absl::Status UcxShardTransport::Finish(Pending& base, absl::Time deadline) {
       }
       return status;
     }
+    // The endpoint is closed before the op goes: a gather's row ids must outlive its send.
     if (servers_[pending.server].failed) {
-      ops_.erase(it);
       DisconnectLocked(pending.server);
+      ops_.erase(pending.op);
       return absl::UnavailableError(absl::StrCat("shard ", pending.server, " endpoint failed"));
     }
     ucp_worker_progress(worker);
     if ((spins & 63) == 0 && absl::Now() > deadline) {
-      ops_.erase(it);
       DisconnectLocked(pending.server);  // cancels the reads still writing into dst
+      ops_.erase(pending.op);
       return absl::DeadlineExceededError(
           absl::StrCat("shard ", pending.server, ": no answer before the deadline"));
     }

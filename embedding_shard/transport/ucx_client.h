@@ -38,6 +38,9 @@ class UcxShardTransport final : public ShardTransport {
     UcxReadMode mode = UcxReadMode::kAuto;
     uint32_t num_servers = 1;
     ShardMapOptions map;  // to turn row ids into remote addresses
+    // A (re)connection's warm-up (one get per region, one gather round trip) waits this long for
+    // the server at most.
+    absl::Duration warmup_timeout = absl::Seconds(10);
     // Called (with the worker lock held: keep it cheap) after each successful (re)connect with
     // the transports the endpoint's lanes use, so a silent fallback (e.g. to tcp) is visible.
     std::function<void(uint32_t server, const std::vector<std::string>& transports)> on_connected;
@@ -75,6 +78,7 @@ class UcxShardTransport final : public ShardTransport {
     bool failed = true;
     bool shm = false;
     bool all_mapped = false;
+    bool connecting = false;  // a Reconnect is warming the endpoint up (the lock let go meanwhile)
     std::vector<std::string> transports;
     absl::flat_hash_map<uint64_t, size_t> region_index;  // (table, partition) -> regions[i]
     std::vector<Region> regions;
@@ -92,6 +96,10 @@ class UcxShardTransport final : public ShardTransport {
 
   UcxShardTransport(const Options& options, ShardMap map)
       : options_(options), map_(std::move(map)) {}
+  // Creates the endpoint and warms every lane up. The warm-up waits for the server (up to
+  // warmup_timeout for one that is stuck) and lets the lock go between progress calls meanwhile, so
+  // that reads from the other servers go on; the server stays failed (Start refuses it) until it is
+  // done.
   absl::Status ConnectLocked(uint32_t server, const RdmaServerInfo& info)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Force-closes the server's endpoint (nothing writes into caller buffers afterwards) and fails
@@ -103,8 +111,12 @@ class UcxShardTransport final : public ShardTransport {
   // Waits for a request on server `server`'s endpoint until `deadline`. Past it the request is
   // cancelled, and if UCX cannot cancel it (flushes and sends) the endpoint is force-closed, which
   // completes it: the wait is bounded either way (the server is then disconnected).
+  // `share_lock`: let the lock go between progress calls (the warm-up's waits).
   absl::Status WaitLocked(void* request, uint32_t server, absl::Time deadline,
-                          absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                          absl::string_view what, bool share_lock = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Lets other threads take the lock for a moment (between two progress calls of a long wait).
+  void ShareLockBriefly() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Region of every partition of `spec` on server `s` (null where it holds none), looked up once
   // per batch so the per-row work is an index and a multiply.
   std::vector<const Region*> RegionsOf(const Server& s, const TableSpec& spec) const;

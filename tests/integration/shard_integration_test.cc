@@ -5,11 +5,14 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -340,6 +343,40 @@ TEST(ShardIntegrationTest, BadInputGetsClearStatusesOverGrpcAndUcx) {
             absl::StatusCode::kOutOfRange);
 }
 
+// 64 rows of `spec` whose primary is shard `server`, their slots and a buffer to read them into.
+struct RowsOnServer {
+  RowsOnServer(const ShardClusterConfig& config, const TableSpec& table, uint32_t server)
+      : spec(table), seed(config.content.seed) {
+    const ShardMap map = *ShardMap::Create(config.map);
+    const TableLayout layout = map.Layout(spec);
+    for (uint64_t r = 0; rows.size() < 64; ++r) {
+      const uint64_t slot = layout.SlotOfRow(r);
+      if (map.ServersOf(layout.PartitionOfSlot(slot)).front() != server) continue;
+      rows.push_back(r);
+      slots.push_back(slot);
+    }
+    buf.resize(rows.size() * spec.row_bytes());
+    for (size_t i = 0; i < rows.size(); ++i) dst.push_back(&buf[i * spec.row_bytes()]);
+  }
+  ReadBatch batch() const { return ReadBatch{rows, slots, dst}; }
+  // Rows of `buf` whose bytes differ from the generator's.
+  int Wrong() const {
+    std::vector<std::byte> expected(spec.row_bytes());
+    int wrong = 0;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      GenerateRow(seed, spec, rows[i], expected.data());
+      wrong += std::memcmp(dst[i], expected.data(), spec.row_bytes()) != 0;
+    }
+    return wrong;
+  }
+
+  TableSpec spec;
+  uint64_t seed;
+  std::vector<uint64_t> rows, slots;
+  std::vector<std::byte> buf;
+  std::vector<std::byte*> dst;
+};
+
 // A shard stopped with a read out on it, then killed and restarted at the same address (a pod
 // restart): the client's reconnect closes the old endpoint, on which the read can get no answer,
 // so the read fails at once with UNAVAILABLE instead of waiting out its deadline (10 s here);
@@ -356,22 +393,10 @@ TEST(ShardIntegrationTest, AReconnectFailsTheReadsStillOutOnTheOldEndpoint) {
     auto client = ConnectShardClient(setup, RealClock::Get());
     ASSERT_TRUE(client.ok()) << client.status();
     auto& ucx = static_cast<UcxShardTransport&>((*client)->transport());
-    const TableSpec& item = cluster->config().tables[0];
-    const ShardMap map = *ShardMap::Create(cluster->config().map);
-    const TableLayout layout = map.Layout(item);
-    std::vector<uint64_t> rows, slots;  // rows shard 0 holds
-    for (uint64_t r = 0; rows.size() < 64; ++r) {
-      const uint64_t slot = layout.SlotOfRow(r);
-      if (map.ServersOf(layout.PartitionOfSlot(slot)).front() != 0) continue;
-      rows.push_back(r);
-      slots.push_back(slot);
-    }
-    std::vector<std::byte> buf(rows.size() * item.row_bytes());
-    std::vector<std::byte*> dst;
-    for (size_t i = 0; i < rows.size(); ++i) dst.push_back(&buf[i * item.row_bytes()]);
+    RowsOnServer on0(cluster->config(), cluster->config().tables[0], 0);
 
     cluster->process(0).Signal(SIGSTOP);
-    auto pending = ucx.Start(0, item, ReadBatch{rows, slots, dst}, absl::Now() + absl::Seconds(10));
+    auto pending = ucx.Start(0, on0.spec, on0.batch(), absl::Now() + absl::Seconds(10));
     ASSERT_TRUE(pending.ok()) << pending.status();
     const absl::Status restarted = cluster->Restart(0);
     ASSERT_TRUE(restarted.ok()) << restarted;
@@ -389,13 +414,74 @@ TEST(ShardIntegrationTest, AReconnectFailsTheReadsStillOutOnTheOldEndpoint) {
     EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("endpoint was closed")) << s;
 
     // The restarted shard serves the same rows.
-    std::vector<std::byte> out(rows.size() * item.row_bytes()), expected(item.row_bytes());
-    ASSERT_TRUE((*client)->Fetch(item.id, rows, out, absl::Now() + absl::Seconds(10)).ok());
-    for (size_t i = 0; i < rows.size(); ++i) {
-      GenerateRow(cluster->config().content.seed, item, rows[i], expected.data());
-      EXPECT_EQ(std::memcmp(&out[i * item.row_bytes()], expected.data(), item.row_bytes()), 0);
-    }
+    ASSERT_TRUE(
+        (*client)->Fetch(on0.spec.id, on0.rows, on0.buf, absl::Now() + absl::Seconds(10)).ok());
+    EXPECT_EQ(on0.Wrong(), 0);
   }
+}
+
+// A reconnect to a shard that answers its info RPC but then stalls (SIGSTOP) waits for it up to
+// the warm-up's 10 s, but not with the transport's lock held: reads from the other shard go on
+// meanwhile. Once the shard resumes the reconnect completes.
+TEST(ShardIntegrationTest, AReconnectWaitingForAStalledShardDoesNotHoldUpTheOthers) {
+  auto cluster = StartCluster("stalledwarmup", /*replicas=*/1);
+  ASSERT_NE(cluster, nullptr);
+  GrpcShardTransport grpc(cluster->addresses());
+  std::vector<std::optional<RdmaServerInfo>> infos(2);
+  for (uint32_t s = 0; s < 2; ++s) {
+    auto info = FetchRdmaServerInfo(grpc, s, absl::Now() + absl::Seconds(5));
+    ASSERT_TRUE(info.ok()) << info.status();
+    infos[s] = *info;
+  }
+  UcxShardTransport::Options options;
+  options.ucx = cluster->config().ucx;
+  options.mode = UcxReadMode::kGather;
+  options.num_servers = 2;
+  options.map = cluster->config().map;
+  // The info as fetched before the stall (the RPC would wait for the stalled process too).
+  auto ucx = UcxShardTransport::Create(
+      options, [&](uint32_t s) -> absl::StatusOr<RdmaServerInfo> { return *infos[s]; }, nullptr);
+  ASSERT_TRUE(ucx.ok()) << ucx.status();
+  const RowsOnServer on1(cluster->config(), cluster->config().tables[0], 1);
+
+  cluster->process(0).Signal(SIGSTOP);
+  absl::Status reconnected;
+  std::thread reconnect([&] { reconnected = (*ucx)->Reconnect(0); });
+  absl::SleepFor(absl::Milliseconds(300));  // the reconnect is waiting for shard 0 by now
+  const absl::Time start = absl::Now();
+  auto pending = (*ucx)->Start(1, on1.spec, on1.batch(), absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(pending.ok()) << pending.status();
+  const absl::Status read = (*ucx)->Finish(**pending, absl::Now() + absl::Seconds(10));
+  const absl::Duration took = absl::Now() - start;
+  cluster->process(0).Signal(SIGCONT);
+  reconnect.join();
+  EXPECT_TRUE(read.ok()) << read;
+  EXPECT_LT(took, absl::Seconds(2));  // not the rest of the warm-up's 10 s
+  EXPECT_EQ(on1.Wrong(), 0);
+  EXPECT_TRUE(reconnected.ok()) << reconnected;
+
+  // A shard that stays stalled: the reconnect gives up after the warm-up's timeout, even though
+  // UCX completes neither the send to it nor the endpoint's forced close (the wait used to spin
+  // on them for as long as the shard stayed stopped, holding the lock).
+  options.warmup_timeout = absl::Milliseconds(500);
+  auto impatient = UcxShardTransport::Create(
+      options, [&](uint32_t s) -> absl::StatusOr<RdmaServerInfo> { return *infos[s]; }, nullptr);
+  ASSERT_TRUE(impatient.ok()) << impatient.status();
+  cluster->process(0).Signal(SIGSTOP);
+  const absl::Time before = absl::Now();
+  std::atomic<bool> returned{false};
+  std::thread stuck([&] {
+    reconnected = (*impatient)->Reconnect(0);
+    returned = true;
+  });
+  while (!returned && absl::Now() - before < absl::Seconds(20)) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  const absl::Duration gave_up = absl::Now() - before;
+  cluster->process(0).Signal(SIGCONT);  // lets a stuck reconnect end, so the test can too
+  stuck.join();
+  EXPECT_LT(gave_up, absl::Seconds(5));
+  EXPECT_FALSE(reconnected.ok());
 }
 
 TEST(ShardIntegrationTest, MetricsShowTrafficByTransport) {
