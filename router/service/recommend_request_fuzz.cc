@@ -30,8 +30,7 @@ struct Fixture {
       cluster->Reset(index, snapshot);
     }
     service = std::make_unique<RouterServiceImpl>(
-        RouterServiceOptions{.max_candidates = 64, .max_history_events = 512},
-        *cluster);
+        RouterServiceOptions{.max_candidates = 64, .max_history_events = 512}, *cluster);
   }
   hlem::RealClock clock;
   std::unique_ptr<Cluster> cluster;

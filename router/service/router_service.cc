@@ -1,6 +1,8 @@
 #include "router/service/router_service.h"
 
 #include <chrono>
+#include <span>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -34,13 +36,9 @@ v1::RoutingReason ToProto(Reason reason) {
 namespace {
 
 // Appends one event's or candidate's feature ids (the proto's length rule: one per feature table,
-// or none and the item id when there is one table), each checked against its table's rows with the
-// node's codes: INVALID_ARGUMENT for a wrong count, OUT_OF_RANGE for an id beyond its table.
-absl::Status AppendCheckedIds(const google::protobuf::RepeatedField<uint64_t>& ids,
-                              uint64_t item_id, const std::vector<FeatureShards>& features,
-                              const char* what, int index, std::vector<uint64_t>* out) {
-  const size_t F = features.size();
-  const size_t first = out->size();
+// or none and the item id when there is one table); INVALID_ARGUMENT naming the entry otherwise.
+absl::Status AppendIds(const google::protobuf::RepeatedField<uint64_t>& ids, uint64_t item_id,
+                       size_t F, const char* what, int index, std::vector<uint64_t>* out) {
   if (static_cast<size_t>(ids.size()) == F) {
     out->insert(out->end(), ids.begin(), ids.end());
   } else if (ids.empty() && F == 1) {
@@ -49,12 +47,20 @@ absl::Status AppendCheckedIds(const google::protobuf::RepeatedField<uint64_t>& i
     return absl::InvalidArgumentError(absl::StrCat(what, "[", index, "].feature_ids: ", ids.size(),
                                                    " ids; the nodes have ", F, " feature tables"));
   }
-  for (size_t f = 0; f < F; ++f) {
-    const uint64_t id = (*out)[first + f];
-    if (id >= features[f].rows) {
-      return absl::OutOfRangeError(absl::StrCat(what, "[", index, "].feature_ids[", f, "]: id ", id,
-                                                " >= table ", features[f].table_id, "'s ",
-                                                features[f].rows, " rows"));
+  return absl::OkStatus();
+}
+
+// OUT_OF_RANGE naming the first id (entry-major, as AppendIds lays them out) at or beyond its
+// table's rows.
+absl::Status CheckRows(std::span<const uint64_t> ids, const std::vector<FeatureShards>& features,
+                       const char* what) {
+  const size_t F = features.size();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const FeatureShards& f = features[i % F];
+    if (ids[i] >= f.rows) {
+      return absl::OutOfRangeError(absl::StrCat(what, "[", i / F, "].feature_ids[", i % F, "]: id ",
+                                                ids[i], " >= table ", f.table_id, "'s ", f.rows,
+                                                " rows"));
     }
   }
   return absl::OkStatus();
@@ -120,31 +126,31 @@ grpc::Status RouterServiceImpl::Route(grpc::ServerContext* context,
   if (deadline <= received) {
     return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline passed on arrival");
   }
-  // The history's feature ids for the user's shard profile. Every id is checked against its
-  // table's rows here, as the node checks them: a request the node would refuse must not replace
-  // the user's profile on its way there.
+  // The history's feature ids for the user's shard profile. Every id is checked as the node
+  // checks it, counts first (INVALID_ARGUMENT), then rows (OUT_OF_RANGE): a request the node would
+  // refuse must not replace the user's profile on its way there.
   const std::vector<FeatureShards>& features = cluster_.options().features;
-  std::vector<uint64_t> ids;
-  ids.reserve(static_cast<size_t>(request->history_size()) * features.size());
+  const size_t F = features.size();
+  std::vector<uint64_t> ids, candidate_ids;
+  ids.reserve(static_cast<size_t>(request->history_size()) * F);
+  candidate_ids.reserve(static_cast<size_t>(request->candidates_size()) * F);
   for (int i = 0; i < request->history_size(); ++i) {
     const v1::Event& e = request->history(i);
-    if (absl::Status st =
-            AppendCheckedIds(e.feature_ids(), e.item_id(), features, "history", i, &ids);
+    if (absl::Status st = AppendIds(e.feature_ids(), e.item_id(), F, "history", i, &ids);
         !st.ok()) {
       return ToGrpcStatus(st);
     }
   }
-  {
-    std::vector<uint64_t> candidate_ids;
-    for (int i = 0; i < request->candidates_size(); ++i) {
-      const v1::Candidate& c = request->candidates(i);
-      candidate_ids.clear();
-      if (absl::Status st = AppendCheckedIds(c.feature_ids(), c.item_id(), features, "candidates",
-                                             i, &candidate_ids);
-          !st.ok()) {
-        return ToGrpcStatus(st);
-      }
+  for (int i = 0; i < request->candidates_size(); ++i) {
+    const v1::Candidate& c = request->candidates(i);
+    if (absl::Status st =
+            AppendIds(c.feature_ids(), c.item_id(), F, "candidates", i, &candidate_ids);
+        !st.ok()) {
+      return ToGrpcStatus(st);
     }
+  }
+  for (const auto& [list, what] : {std::pair{&ids, "history"}, {&candidate_ids, "candidates"}}) {
+    if (absl::Status st = CheckRows(*list, features, what); !st.ok()) return ToGrpcStatus(st);
   }
   const bool delta = request->has_delta() && request->delta().length() > 0;
 

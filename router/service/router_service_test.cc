@@ -148,9 +148,9 @@ TEST_F(RouterServiceTest, NoLimitByDefault) {
   EXPECT_EQ(ok.load(), 8);
 }
 
-// The frontend token is checked before anything else, over a real server.
 // An id beyond its table is refused at the router with the node's code (OUT_OF_RANGE), before the
-// request reaches a node or replaces the user's shard profile; so is a wrong count of ids.
+// request reaches a node or replaces the user's shard profile; so is a wrong count of ids
+// (INVALID_ARGUMENT, checked first as the node does).
 TEST_F(RouterServiceTest, IdsBeyondTheirTableAreRefusedBeforeTheProfileAndTheNode) {
   Start({}, /*rows=*/16);
   node_.Release();
@@ -175,6 +175,8 @@ TEST_F(RouterServiceTest, IdsBeyondTheirTableAreRefusedBeforeTheProfileAndTheNod
   st = call(two_ids);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(st.error_message(), HasSubstr("history[0].feature_ids: 2 ids"));
+  two_ids.add_history()->set_item_id(16);  // both faults: the count is reported, as by the node
+  EXPECT_EQ(call(two_ids).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(node_.calls(), 0);
   EXPECT_EQ(cluster_->Stats().cached_profiles, 0u);
 
@@ -186,6 +188,7 @@ TEST_F(RouterServiceTest, IdsBeyondTheirTableAreRefusedBeforeTheProfileAndTheNod
   EXPECT_EQ(cluster_->Stats().cached_profiles, 1u);
 }
 
+// The frontend token is checked before anything else, over a real server.
 TEST_F(RouterServiceTest, FrontendTokenIsRequired) {
   auto token = TokenFile::Fixed("frontend-secret");
   Start({.frontend_token = token.get()});
