@@ -23,11 +23,11 @@ absl::StatusOr<std::unique_ptr<EmulatedLink>> EmulatedLink::Create(const LinkOpt
 EmulatedLink::~EmulatedLink() {
   absl::MutexLock lock(&mu_);
   stopping_ = true;
-  // A completion already running on the timer thread finishes before we go.
-  if (busy_ && !clock_.Cancel(timer_)) {
-    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !busy_; };
-    mu_.Await(absl::Condition(&idle));
-  }
+  // A completion already running on the timer thread finishes before we go, its `done` included:
+  // the owner's state it touches (the device's pool, a cache it commits to) goes after us.
+  if (busy_ && clock_.Cancel(timer_)) busy_ = false;
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !busy_ && completing_ == 0; };
+  mu_.Await(absl::Condition(&idle));
 }
 
 absl::Duration EmulatedLink::TransferTime(uint64_t bytes) const {
@@ -67,9 +67,12 @@ void EmulatedLink::Complete() {
     absl::MutexLock lock(&mu_);
     done = std::move(on_link_.done);
     busy_ = false;
+    ++completing_;
     StartNextLocked();
   }
   if (done) done();
+  absl::MutexLock lock(&mu_);
+  --completing_;
 }
 
 bool EmulatedLink::critical_pending() const {

@@ -58,6 +58,7 @@ class EmulatedLink {
   absl::Time free_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // the last transfer's end
   TimerId timer_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int completing_ ABSL_GUARDED_BY(mu_) = 0;  // completions running their `done` (unlocked)
 };
 
 }  // namespace hlem::serving

@@ -70,11 +70,11 @@ class NodeTest : public ::testing::Test {
 
   RealClock clock_;
   std::unique_ptr<HbmPool> pool_;
-  std::unique_ptr<CpuDevice> device_;
   std::unique_ptr<ResidencyEventLog> events_;
   std::shared_ptr<ResidencyState> residency_;
   std::unique_ptr<KvCache> kv_;
   std::unique_ptr<EmbCache> emb_;
+  std::unique_ptr<CpuDevice> device_;  // destroyed before the caches (late completions)
   std::unique_ptr<MemoryManager> manager_;
   FakeRowSource source_;
   FakeRunner runner_;

@@ -373,10 +373,14 @@ absl::Status Pipeline::Embed(std::span<const uint64_t> ids, absl::Time deadline,
       return absl::InternalError("embedding copies did not complete within copy_timeout");
     }
     const absl::Status copy_error = copies->error();
+    absl::Status settled;  // every table's rows are settled; the first failure is reported
     for (const Admitted& adm : admitted) {
       absl::Status st =
           copy_error.ok() ? emb_.Commit(adm.table, adm.rows) : emb_.Abort(adm.table, adm.rows);
-      if (!st.ok()) return absl::InternalError(absl::StrCat("admitting rows: ", st.message()));
+      if (settled.ok()) settled = st;
+    }
+    if (!settled.ok()) {
+      return absl::InternalError(absl::StrCat("admitting rows: ", settled.message()));
     }
     if (!copy_error.ok()) {
       return absl::UnavailableError(

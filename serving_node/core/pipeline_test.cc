@@ -30,9 +30,9 @@ class PipelineTest : public ::testing::Test {
   void Build(PipelineOptions options, uint32_t emb_pages = 16,
              LinkOptions link = {.bytes_per_second = 1e10, .latency = absl::Microseconds(1)}) {
     pipeline_.reset();
+    device_.reset();  // first: a late copy's completion commits into emb_
     emb_.reset();
     kv_.reset();
-    device_.reset();
     pool_ = *HbmPool::Create({.pool_bytes = 64 * kPageBytes, .page_bytes = kPageBytes});
     device_ = *CpuDevice::Create({.pool_bytes = 64 * kPageBytes, .link = link}, clock_);
     kv_ = *KvCache::Create({.layers = 1, .kv_dim = kDim, .dtype_bytes = 4, .budget_pages = 32},
@@ -53,9 +53,9 @@ class PipelineTest : public ::testing::Test {
 
   RealClock clock_;
   std::unique_ptr<HbmPool> pool_;
-  std::unique_ptr<CpuDevice> device_;
   std::unique_ptr<KvCache> kv_;
   std::unique_ptr<EmbCache> emb_;
+  std::unique_ptr<CpuDevice> device_;  // destroyed before the caches (late completions)
   FakeRowSource source_;
   FakeRunner runner_;
   std::unique_ptr<Pipeline> pipeline_;

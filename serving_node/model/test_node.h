@@ -44,9 +44,9 @@ struct TestNode {
     if (p.ok()) pipeline = std::move(*p);
   }
   std::unique_ptr<HbmPool> pool;
-  std::unique_ptr<CpuDevice> device;
   std::unique_ptr<KvCache> kv;
   std::unique_ptr<EmbCache> emb;
+  std::unique_ptr<CpuDevice> device;  // destroyed before the caches (late completions)
   std::unique_ptr<Pipeline> pipeline;
 };
 
