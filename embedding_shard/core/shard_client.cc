@@ -24,6 +24,7 @@ struct Group {
   std::vector<uint32_t> partition_of_row;
   absl::Time deadline;
   absl::Status status;
+  uint64_t ups = 0;  // the server's ShardClient::Ups when the group was started
 };
 
 }  // namespace
@@ -53,6 +54,7 @@ ShardClient::ShardClient(const ShardClientOptions& options, ShardMap map,
       transport_(std::move(transport)),
       clock_(clock),
       down_(map_.num_shards(), false),
+      ups_(map_.num_shards(), 0),
       next_reconnect_(map_.num_shards(), absl::InfinitePast()),
       reconnect_wait_(map_.num_shards(), absl::ZeroDuration()) {}
 
@@ -112,15 +114,22 @@ void ShardClient::ProbeAll() {
     {
       absl::MutexLock lock(&mu_);
       down_[s] = false;
+      ++ups_[s];
     }
     if (options_.observer) options_.observer->OnServerHealth(s, true);
   }
 }
 
-void ShardClient::MarkDown(uint32_t server) {
+uint64_t ShardClient::Ups(uint32_t server) const {
+  absl::MutexLock lock(&mu_);
+  return ups_[server];
+}
+
+void ShardClient::MarkDown(uint32_t server, std::optional<uint64_t> ups) {
   bool changed;
   {
     absl::MutexLock lock(&mu_);
+    if (ups.has_value() && *ups != ups_[server]) return;  // it came back since: not this one's
     changed = !down_[server];
     if (changed) ++counters_.server_failures;
     down_[server] = true;
@@ -262,6 +271,7 @@ absl::Status ShardClient::FetchOnce(uint32_t table_id, std::span<const uint64_t>
     std::vector<std::pair<Group*, std::unique_ptr<ShardTransport::Pending>>> started;
     for (Group& g : groups) {
       g.deadline = deadline;
+      g.ups = Ups(g.server);
       bool has_fallback = true;
       for (uint32_t p : g.partitions) {
         has_fallback &= next_replica[p] + 1 < map_.ServersOf(p).size();
@@ -294,7 +304,7 @@ absl::Status ShardClient::FetchOnce(uint32_t table_id, std::span<const uint64_t>
       if (!IsServerFailure(g.status)) return g.status;  // the server's verdict on the request
       absl::StrAppend(&failures, "; shard ", g.server, ": ", g.status.message());
       // A server that did not answer in time is skipped until a probe finds it serving again.
-      MarkDown(g.server);
+      MarkDown(g.server, g.ups);
       if (absl::IsDeadlineExceeded(g.status) && clock_.Now() >= deadline) {
         return absl::DeadlineExceededError(absl::StrCat("fetch deadline passed", failures));
       }

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -122,7 +123,10 @@ class ShardClient {
  private:
   ShardClient(const ShardClientOptions& options, ShardMap map,
               std::unique_ptr<ShardTransport> transport, Clock& clock);
-  void MarkDown(uint32_t server);
+  // `ups`: the server's count of returns (ups_) when the failing read was started; a failure from
+  // before its latest return (e.g. a read the reconnect itself failed) does not mark it down.
+  void MarkDown(uint32_t server, std::optional<uint64_t> ups = std::nullopt);
+  uint64_t Ups(uint32_t server) const;
   absl::Status FetchOnce(uint32_t table_id, std::span<const uint64_t> rows,
                          std::span<std::byte* const> dst, absl::Time deadline);
   void ScheduleProbe();
@@ -134,6 +138,7 @@ class ShardClient {
 
   mutable absl::Mutex mu_;
   std::vector<bool> down_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> ups_ ABSL_GUARDED_BY(mu_);  // per server: times it came back up
   // Per server while down: no reconnect before next_reconnect_, then wait reconnect_wait_ more.
   std::vector<absl::Time> next_reconnect_ ABSL_GUARDED_BY(probe_mu_);
   std::vector<absl::Duration> reconnect_wait_ ABSL_GUARDED_BY(probe_mu_);

@@ -1,6 +1,7 @@
 #include "embedding_shard/core/shard_client.h"
 
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "common/clock.h"
@@ -43,6 +44,9 @@ class FakeTransport final : public ShardTransport {
   }
   absl::Status Finish(Pending& pending, absl::Time) override {
     auto& p = static_cast<FakePending&>(pending);
+    if (on_finish) {
+      if (absl::Status st = on_finish(p.server); !st.ok()) return st;
+    }
     if (mode_[p.server] == Mode::kHang) return absl::DeadlineExceededError("no answer");
     return p.status;
   }
@@ -58,6 +62,8 @@ class FakeTransport final : public ShardTransport {
 
   int starts = 0, probes = 0, reconnects = 0;
   bool fail_reconnect = false;
+  // Runs first in Finish; a status other than OK is then Finish's.
+  std::function<absl::Status(uint32_t server)> on_finish;
   size_t max_rows_seen = 0;
 
  private:
@@ -214,6 +220,31 @@ TEST_F(ShardClientTest, FailedReconnectsBackOff) {
   fake_->fail_reconnect = true;
   EXPECT_EQ(round(absl::ZeroDuration()), 5);
   EXPECT_EQ(round(absl::Milliseconds(500)), 6);
+}
+
+// A read out on a server when it failed, was marked down by another fetch and was reconnected by
+// the prober fails (the reconnect closed its endpoint); that failure is from before the server
+// came back, so it fails over without marking the server down again (which would close the new
+// connection, fail the reads out on it, and so on).
+TEST_F(ShardClientTest, AFailureFromBeforeAReconnectDoesNotMarkTheServerDownAgain) {
+  Build(2);
+  bool once = true;
+  fake_->on_finish = [&](uint32_t server) -> absl::Status {
+    if (server != 1 || !once) return absl::OkStatus();
+    once = false;
+    fake_->Set(1, FakeTransport::Mode::kRefuse);
+    EXPECT_TRUE(FetchAndCheck(100).ok());  // another fetch: fails over, marks server 1 down
+    EXPECT_FALSE(client_->IsHealthy(1));
+    fake_->Set(1, FakeTransport::Mode::kUp);
+    client_->ProbeAll();  // the prober reconnects it
+    EXPECT_TRUE(client_->IsHealthy(1));
+    return absl::UnavailableError("shard 1: its endpoint was closed before the answer");
+  };
+  ASSERT_TRUE(FetchAndCheck(100).ok());  // fails over to the replicas
+  EXPECT_FALSE(once);
+  EXPECT_TRUE(client_->IsHealthy(1));
+  EXPECT_EQ(fake_->reconnects, 1);
+  EXPECT_EQ(client_->counters().server_failures, 1u);
 }
 
 TEST_F(ShardClientTest, HungServerFailsOverToo) {

@@ -129,6 +129,9 @@ absl::StatusOr<std::unique_ptr<UcxShardTransport>> UcxShardTransport::Create(con
 UcxShardTransport::~UcxShardTransport() {
   absl::MutexLock lock(&mu_);
   for (uint32_t s = 0; s < servers_.size(); ++s) DisconnectLocked(s);
+  // The worker goes first, while ops_ is alive for the callbacks its teardown may still run;
+  // then abandoned_ (with the members).
+  worker_.reset();
 }
 
 absl::Status UcxShardTransport::Reconnect(uint32_t server) {
@@ -165,6 +168,8 @@ absl::Status UcxShardTransport::ConnectLocked(uint32_t server, const RdmaServerI
     s.ep = nullptr;
     return UcsToStatus(status, absl::StrCat("ucp_ep_create to shard ", server));
   }
+  s.errored = false;
+  const ucp_ep_h ep = s.ep;
   s.all_mapped = !info.regions.empty();
   for (const RdmaRegionInfo& r : info.regions) {
     Region region;
@@ -187,16 +192,21 @@ absl::Status UcxShardTransport::ConnectLocked(uint32_t server, const RdmaServerI
         "one host); shard ",
         server, " is not mappable"));
   }
-  s.failed = false;
   // Wire up every lane now, so the first request pays nothing: one get per region, and an empty
-  // gather request (answered with INVALID_ARGUMENT) for the active-message path both ways.
+  // gather request (answered with INVALID_ARGUMENT) for the active-message path both ways. The
+  // server stays failed (Start refuses it) until this is done; the lock is let go between
+  // progress calls, and the endpoint is checked to be still this one after each wait.
   const absl::Time deadline = absl::Now() + options_.warmup_timeout;
   // The warm-up's buffers are freed only once its requests have completed: a request to a stuck
-  // peer may be abandoned in progress (WaitLocked), and then they are left to it (a few bytes).
-  auto warm = std::make_unique<WarmUpBuffers>();
+  // peer may be left to UCX in progress (WaitLocked), and then so are they (abandoned_).
+  auto warm = std::make_shared<WarmUpBuffers>();
   bool completed = false;
-  absl::Cleanup leave = [&] {
-    if (!completed) (void)warm.release();
+  absl::Cleanup leave = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!completed) abandoned_.push_back(warm);
+  };
+  auto closed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return absl::UnavailableError(
+        absl::StrCat("shard ", server, ": the endpoint was closed during its warm-up"));
   };
   for (const Region& region : s.regions) {
     if (region.info.num_slots == 0) continue;
@@ -211,6 +221,7 @@ absl::Status UcxShardTransport::ConnectLocked(uint32_t server, const RdmaServerI
   absl::Status flushed =
       WaitLocked(ucp_ep_flush_nbx(s.ep, &flush), server, deadline, "warm-up flush", true);
   if (!flushed.ok()) return flushed;
+  if (s.ep != ep) return closed();
   const uint64_t op_id = NewOpLocked(server);
   warm->header = GatherRequestHeader{op_id, 0, 0};
   ucp_request_param_t am{};
@@ -220,14 +231,24 @@ absl::Status UcxShardTransport::ConnectLocked(uint32_t server, const RdmaServerI
       ucp_am_send_nbx(s.ep, kGatherRequestAm, &warm->header, sizeof(warm->header), nullptr, 0, &am);
   absl::Status sent = WaitLocked(req, server, deadline, "warm-up gather", true);
   completed = sent.ok();
-  while (sent.ok() && !ops_[op_id].done && absl::Now() < deadline) {
+  auto answered = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = ops_.find(op_id);
+    return it != ops_.end() && it->second.done;
+  };
+  while (sent.ok() && s.ep == ep && !answered() && absl::Now() < deadline) {
     ucp_worker_progress(worker_->worker());
     ShareLockBriefly();
   }
-  bool answered = ops_[op_id].done;
+  // Answered by the server itself: a close (DisconnectLocked) also completes the op.
+  const bool replied = s.ep == ep && answered();
   ops_.erase(op_id);
   if (!sent.ok()) return sent;
-  if (!answered) return absl::UnavailableError(absl::StrCat("shard ", server, ": no AM reply"));
+  if (s.ep != ep) return closed();
+  if (!replied) return absl::UnavailableError(absl::StrCat("shard ", server, ": no AM reply"));
+  if (s.errored) {
+    return absl::UnavailableError(absl::StrCat("shard ", server, ": endpoint failed in warm-up"));
+  }
+  s.failed = false;
   s.transports = EndpointTransports(s.ep);
   s.shm = IsShm(s.transports);
   GetLogger("shard_client")
@@ -245,7 +266,10 @@ void UcxShardTransport::DisconnectLocked(uint32_t server) {
   s.regions.clear();
   s.region_index.clear();
   s.all_mapped = false;
+  s.shm = false;
+  s.transports.clear();
   s.failed = true;
+  bool close_abandoned = false;
   if (s.ep != nullptr) {
     // Force: cancels whatever is outstanding; once the close completes nothing writes into
     // caller buffers any more.
@@ -260,13 +284,19 @@ void UcxShardTransport::DisconnectLocked(uint32_t server) {
       }
       if (ucp_request_check_status(req) == UCS_INPROGRESS) {
         GetLogger("shard_client")->warn("ucx_close_abandoned shard={}", server);
+        close_abandoned = true;
       }
       ucp_request_free(req);  // allowed in progress: UCX finishes it without telling us
     }
     s.ep = nullptr;
   }
   for (auto& [id, op] : ops_) {
-    if (op.server == server && !op.done) {
+    if (op.server != server) continue;
+    if (close_abandoned) {  // a send of the op may still read them
+      if (op.header != nullptr) abandoned_.push_back(std::move(op.header));
+      abandoned_.push_back(std::make_shared<std::vector<uint64_t>>(std::move(op.rows)));
+    }
+    if (!op.done) {
       op.done = true;
       op.status = absl::UnavailableError(
           absl::StrCat("shard ", server, ": its endpoint was closed before the answer"));
@@ -301,6 +331,7 @@ absl::Status UcxShardTransport::WaitLocked(void* request, uint32_t server, absl:
       const absl::Time grace = absl::Now() + absl::Milliseconds(100);
       while (ucp_request_check_status(request) == UCS_INPROGRESS && absl::Now() < grace) {
         ucp_worker_progress(worker_->worker());
+        if (share_lock) ShareLockBriefly();
       }
       if (ucp_request_check_status(request) == UCS_INPROGRESS) DisconnectLocked(server);
       // Even a force-closed endpoint may not complete a send to a stopped peer (UCX 1.13 over
@@ -327,6 +358,7 @@ void UcxShardTransport::OnError(void* arg, ucp_ep_h ep, ucs_status_t status) {
   for (uint32_t i = 0; i < self->servers_.size(); ++i) {
     if (self->servers_[i].ep == ep) {
       self->servers_[i].failed = true;
+      self->servers_[i].errored = true;
       GetLogger("shard_client")
           ->warn("ucx_endpoint_failed shard={} status={}", i, UcsStatusString(status));
     }
@@ -449,13 +481,16 @@ absl::StatusOr<uint64_t> UcxShardTransport::StartGatherLocked(uint32_t server,
   op.dst.assign(batch.dst.begin(), batch.dst.end());
   op.row_bytes = spec.row_bytes();
   op.rows.assign(batch.rows.begin(), batch.rows.end());
-  GatherRequestHeader header{op_id, spec.id, static_cast<uint32_t>(batch.rows.size())};
+  // UCX 1.13 reads the header until the send completes (there is no COPY_HEADER flag yet).
+  op.header = std::make_unique<GatherRequestHeader>(
+      GatherRequestHeader{op_id, spec.id, static_cast<uint32_t>(batch.rows.size())});
   ucp_request_param_t am{};
   am.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   am.flags = UCP_AM_SEND_FLAG_REPLY;
-  // op.rows stays alive until the reply arrives, which is after the send completed.
-  void* req = ucp_am_send_nbx(s.ep, kGatherRequestAm, &header, sizeof(header), op.rows.data(),
-                              op.rows.size() * sizeof(uint64_t), &am);
+  // The op's header and rows stay alive until the reply arrives, which is after the send
+  // completed (or, when an endpoint's close is left to UCX, in abandoned_).
+  void* req = ucp_am_send_nbx(s.ep, kGatherRequestAm, op.header.get(), sizeof(GatherRequestHeader),
+                              op.rows.data(), op.rows.size() * sizeof(uint64_t), &am);
   if (UCS_PTR_IS_ERR(req)) {
     ops_.erase(op_id);
     return UcsToStatus(UCS_PTR_STATUS(req), "ucp_am_send_nbx");

@@ -79,6 +79,7 @@ class UcxShardTransport final : public ShardTransport {
     bool shm = false;
     bool all_mapped = false;
     bool connecting = false;  // a Reconnect is warming the endpoint up (the lock let go meanwhile)
+    bool errored = false;     // the endpoint's error handler ran (since it was created)
     std::vector<std::string> transports;
     absl::flat_hash_map<uint64_t, size_t> region_index;  // (table, partition) -> regions[i]
     std::vector<Region> regions;
@@ -90,7 +91,10 @@ class UcxShardTransport final : public ShardTransport {
     // gather replies only
     std::vector<std::byte*> dst;
     size_t row_bytes = 0;
-    std::vector<uint64_t> rows;  // request payload, alive until the send completes
+    // The request (header and row ids), alive until the send completes: on the heap, as ops_
+    // moves its values.
+    std::unique_ptr<GatherRequestHeader> header;
+    std::vector<uint64_t> rows;
   };
   class UcxPending;
 
@@ -150,6 +154,9 @@ class UcxShardTransport final : public ShardTransport {
   std::vector<Server> servers_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Op> ops_ ABSL_GUARDED_BY(mu_);
   uint64_t next_op_ ABSL_GUARDED_BY(mu_) = 1;
+  // Buffers of requests left to UCX in progress (a close or a send to a stuck peer): UCX may still
+  // read or write them, so they live until the worker is gone.
+  std::vector<std::shared_ptr<void>> abandoned_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace hlem::shard
