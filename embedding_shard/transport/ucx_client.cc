@@ -235,7 +235,7 @@ absl::Status UcxShardTransport::ConnectLocked(uint32_t server, const RdmaServerI
     auto it = ops_.find(op_id);
     return it != ops_.end() && it->second.done;
   };
-  while (sent.ok() && s.ep == ep && !answered() && absl::Now() < deadline) {
+  while (sent.ok() && s.ep == ep && !s.errored && !answered() && absl::Now() < deadline) {
     ucp_worker_progress(worker_->worker());
     ShareLockBriefly();
   }
@@ -294,7 +294,9 @@ void UcxShardTransport::DisconnectLocked(uint32_t server) {
     if (op.server != server) continue;
     if (close_abandoned) {  // a send of the op may still read them
       if (op.header != nullptr) abandoned_.push_back(std::move(op.header));
-      abandoned_.push_back(std::make_shared<std::vector<uint64_t>>(std::move(op.rows)));
+      if (op.rows.capacity() > 0) {
+        abandoned_.push_back(std::make_shared<std::vector<uint64_t>>(std::move(op.rows)));
+      }
     }
     if (!op.done) {
       op.done = true;

@@ -70,7 +70,10 @@ void EmulatedLink::Complete() {
     ++completing_;
     StartNextLocked();
   }
-  if (done) done();
+  if (done) {
+    done();
+    done = nullptr;  // its captures go before the destructor may return
+  }
   absl::MutexLock lock(&mu_);
   --completing_;
 }

@@ -30,7 +30,9 @@ class EmulatedLink {
                                                               Clock& clock);
   ~EmulatedLink();
 
-  // Queues a transfer; `done` runs when its last byte has crossed the link.
+  // Queues a transfer; `done` runs when its last byte has crossed the link (on the clock's timer
+  // thread, or inline in a simulated clock's advance). The destructor waits for a `done` that is
+  // running, so `done` must not destroy the link.
   void Submit(CopyClass cls, uint64_t bytes, std::function<void()> done);
   bool critical_pending() const;
   absl::Duration TransferTime(uint64_t bytes) const;
