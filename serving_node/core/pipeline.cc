@@ -197,6 +197,19 @@ class Pipeline::CopyWaiter : public std::enable_shared_from_this<CopyWaiter> {
   std::function<void(absl::Status)> finally_ ABSL_GUARDED_BY(mu_);
 };
 
+// Commits the admitted rows when their copies landed (`copy_error` OK), else aborts them; every
+// table's rows are settled and the first failure is returned.
+absl::Status Pipeline::Settle(EmbCache& emb, const std::vector<Admitted>& admitted,
+                              const absl::Status& copy_error) {
+  absl::Status first;
+  for (const Admitted& adm : admitted) {
+    absl::Status st =
+        copy_error.ok() ? emb.Commit(adm.table, adm.rows) : emb.Abort(adm.table, adm.rows);
+    if (first.ok()) first = st;
+  }
+  return first;
+}
+
 void Pipeline::CopyMisses(uint32_t table, std::span<const uint64_t> miss_rows,
                           std::span<const size_t> miss_at, std::span<const std::byte> fetched,
                           CopyWaiter* copies, std::vector<uint64_t>* slot,
@@ -274,10 +287,7 @@ absl::Status Pipeline::Embed(std::span<const uint64_t> ids, absl::Time deadline,
   // than its deadline; those still out settle on the device's thread as they land.
   auto settle_later = [this, copies, &admitted] {
     copies->Finally([emb = &emb_, admitted = std::move(admitted)](absl::Status copy_error) {
-      for (const Admitted& adm : admitted) {
-        (void)(copy_error.ok() ? emb->Commit(adm.table, adm.rows)
-                               : emb->Abort(adm.table, adm.rows));
-      }
+      (void)Settle(*emb, admitted, copy_error);
     });
   };
   auto abandon = [&](absl::Status st) {
@@ -373,13 +383,7 @@ absl::Status Pipeline::Embed(std::span<const uint64_t> ids, absl::Time deadline,
       return absl::InternalError("embedding copies did not complete within copy_timeout");
     }
     const absl::Status copy_error = copies->error();
-    absl::Status settled;  // every table's rows are settled; the first failure is reported
-    for (const Admitted& adm : admitted) {
-      absl::Status st =
-          copy_error.ok() ? emb_.Commit(adm.table, adm.rows) : emb_.Abort(adm.table, adm.rows);
-      if (settled.ok()) settled = st;
-    }
-    if (!settled.ok()) {
+    if (absl::Status settled = Settle(emb_, admitted, copy_error); !settled.ok()) {
       return absl::InternalError(absl::StrCat("admitting rows: ", settled.message()));
     }
     if (!copy_error.ok()) {

@@ -157,6 +157,8 @@ class Pipeline {
     uint32_t table;
     std::vector<uint64_t> rows;
   };
+  static absl::Status Settle(EmbCache& emb, const std::vector<Admitted>& admitted,
+                             const absl::Status& copy_error);
   // Reserves EMB slots for a table's missed rows (fetched[miss_at[i]] holds miss_rows[i]) and
   // copies the reserved ones over the link as critical transfers; (*slot)[miss_at[i]] is the
   // pool offset a reserved row lands at (left kEmbMiss for a row the cache did not take).
