@@ -10,7 +10,8 @@
 //
 // Own flags (everything else goes to Google Benchmark):
 //   --smoke  16 MiB tables and a few cases (the CTest smoke pass),
-//   --tcp    also a second shard with `ucx.transports: tcp` (get and gather over loopback tcp).
+//   --tcp    also a second shard with `ucx.transports: tcp` (gathered reads over loopback tcp;
+//            per-row gets over tcp are refused since 2026-12-07, docs/embedding_shard.md).
 // Defaults, overridable on the command line: --benchmark_min_time=0.3
 // --benchmark_repetitions=3 --benchmark_display_aggregates_only=true (the summary uses medians).
 #include <unistd.h>
@@ -460,7 +461,6 @@ int Main(int argc, char** argv) {
       {shm.get(), "grpc", ClientTransport::kGrpc, UcxReadMode::kAuto, false},
   };
   if (tcp) {
-    wanted.push_back({tcp.get(), "tcp_get", ClientTransport::kUcx, UcxReadMode::kGet, false});
     wanted.push_back({tcp.get(), "tcp_gather", ClientTransport::kUcx, UcxReadMode::kGather, false});
   }
   std::vector<Variant> variants;

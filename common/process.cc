@@ -98,6 +98,25 @@ void ChildProcess::Signal(int signal) {
   if (!reaped_) kill(pid_, signal);
 }
 
+absl::Status ChildProcess::Pause(absl::Duration timeout) {
+  if (reaped_) return absl::FailedPreconditionError("process already reaped");
+  kill(pid_, SIGSTOP);
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    int status = 0;
+    const pid_t r = waitpid(pid_, &status, WNOHANG | WUNTRACED);
+    if (r == pid_ && WIFSTOPPED(status)) return absl::OkStatus();
+    if (r == pid_) {
+      reaped_ = true;
+      return absl::FailedPreconditionError(absl::StrCat("pid ", pid_, " exited before it stopped"));
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("pid ", pid_, " did not stop"));
+    }
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+}
+
 absl::StatusOr<int> ChildProcess::Wait(absl::Duration timeout) {
   if (reaped_) return absl::FailedPreconditionError("process already reaped");
   absl::Time deadline = absl::Now() + timeout;

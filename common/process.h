@@ -38,6 +38,9 @@ class ChildProcess {
   pid_t pid() const { return pid_; }
   bool running();
   void Signal(int signal);
+  // SIGSTOP, and waits (up to `timeout`) until every thread of the process has stopped: a signal
+  // is delivered asynchronously, and a test that stalls a server must not race its last steps.
+  absl::Status Pause(absl::Duration timeout = absl::Seconds(5));
   // Waits for exit up to `timeout`; returns the exit status (as from waitpid), or
   // DEADLINE_EXCEEDED if it is still running.
   absl::StatusOr<int> Wait(absl::Duration timeout);

@@ -37,6 +37,19 @@ bool IsShm(const std::vector<std::string>& transports) {
   return false;
 }
 
+// Whether the endpoint's one-sided reads are emulated by UCX in software over tcp (the server's
+// worker answers each get). UCX 1.13 then writes a get's reply into its destination even when it
+// arrives after the endpoint was force-closed (measured: a stalled shard resumed after a timed-out
+// read overwrote the caller's buffer), so such endpoints read rows with gathers only, whose
+// replies are matched to ops that are still waited for.
+bool GetsOverTcp(const std::vector<std::string>& transports) {
+  if (IsShm(transports)) return false;
+  for (const std::string& t : transports) {
+    if (t.starts_with("tcp/")) return true;
+  }
+  return false;
+}
+
 // Maps every page of a region mapped from a shard now, at connect time, so the first requests do
 // not pay a page fault per 4 KiB (~0.3 s per GiB, measured on the first fetches otherwise).
 void PrefaultMapping(const std::byte* data, size_t bytes) {
@@ -248,9 +261,16 @@ absl::Status UcxShardTransport::ConnectLocked(uint32_t server, const RdmaServerI
   if (s.errored) {
     return absl::UnavailableError(absl::StrCat("shard ", server, ": endpoint failed in warm-up"));
   }
-  s.failed = false;
   s.transports = EndpointTransports(s.ep);
   s.shm = IsShm(s.transports);
+  s.gets_over_tcp = GetsOverTcp(s.transports);
+  if (options_.mode == UcxReadMode::kGet && s.gets_over_tcp) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "read mode 'get' over tcp (shard ", server,
+        "): UCX emulates the gets in software and may write a reply into the caller's buffer "
+        "after the read was given up; use 'gather' or 'auto'"));
+  }
+  s.failed = false;
   GetLogger("shard_client")
       ->info("ucx_connected shard={} transports={} mapped={}", server,
              absl::StrJoin(s.transports, ","), s.all_mapped);
@@ -267,6 +287,7 @@ void UcxShardTransport::DisconnectLocked(uint32_t server) {
   s.region_index.clear();
   s.all_mapped = false;
   s.shm = false;
+  s.gets_over_tcp = false;
   s.transports.clear();
   s.failed = true;
   bool close_abandoned = false;
@@ -410,6 +431,7 @@ UcxReadMode UcxShardTransport::ModeForLocked(uint32_t server, size_t rows) const
   const Server& s = servers_[server];
   if (options_.mode != UcxReadMode::kAuto) return options_.mode;
   if (s.all_mapped) return UcxReadMode::kMapped;
+  if (s.gets_over_tcp) return UcxReadMode::kGather;
   uint32_t threshold = s.shm ? options_.ucx.gather_min_rows_shm : options_.ucx.gather_min_rows_tcp;
   return rows >= threshold ? UcxReadMode::kGather : UcxReadMode::kGet;
 }

@@ -6,8 +6,9 @@
 //   - gather: the row ids go in one active message; the server packs the rows into one reply,
 //   - mapped: over shared memory UCX can map the server's table memory into this process
 //             (ucp_rkey_ptr); rows are then copied with memcpy, still without server CPU.
-// kAuto uses mapped where available, else gather for batches of at least the transport's
-// threshold (UcxOptions::gather_min_rows_*), else get.
+// kAuto uses mapped where available, else gather over tcp and for batches of at least the
+// transport's threshold (UcxOptions::gather_min_rows_*), else get. Gets over tcp are never used
+// (kGet is refused there): UCX emulates them, and their replies can land after a timeout.
 //
 // Thread-safe: calls are serialised on one mutex around the worker.
 
@@ -78,6 +79,7 @@ class UcxShardTransport final : public ShardTransport {
     bool failed = true;
     bool shm = false;
     bool all_mapped = false;
+    bool gets_over_tcp = false;  // UCX emulates gets over tcp: such endpoints use gathers only
     bool connecting = false;  // a Reconnect is warming the endpoint up (the lock let go meanwhile)
     bool errored = false;     // the endpoint's error handler ran (since it was created)
     std::vector<std::string> transports;
