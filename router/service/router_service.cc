@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/feature_ids_proto.h"
 #include "common/grpc_status.h"
 #include "common/shed.h"
 
@@ -32,41 +33,6 @@ v1::RoutingReason ToProto(Reason reason) {
   }
   return v1::ROUTING_REASON_UNSPECIFIED;
 }
-
-namespace {
-
-// Appends one event's or candidate's feature ids (the proto's length rule: one per feature table,
-// or none and the item id when there is one table); INVALID_ARGUMENT naming the entry otherwise.
-absl::Status AppendIds(const google::protobuf::RepeatedField<uint64_t>& ids, uint64_t item_id,
-                       size_t F, const char* what, int index, std::vector<uint64_t>* out) {
-  if (static_cast<size_t>(ids.size()) == F) {
-    out->insert(out->end(), ids.begin(), ids.end());
-  } else if (ids.empty() && F == 1) {
-    out->push_back(item_id);
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat(what, "[", index, "].feature_ids: ", ids.size(),
-                                                   " ids; the nodes have ", F, " feature tables"));
-  }
-  return absl::OkStatus();
-}
-
-// OUT_OF_RANGE naming the first id (entry-major, as AppendIds lays them out) at or beyond its
-// table's rows.
-absl::Status CheckRows(std::span<const uint64_t> ids, const std::vector<FeatureShards>& features,
-                       const char* what) {
-  const size_t F = features.size();
-  for (size_t i = 0; i < ids.size(); ++i) {
-    const FeatureShards& f = features[i % F];
-    if (ids[i] >= f.rows) {
-      return absl::OutOfRangeError(absl::StrCat(what, "[", i / F, "].feature_ids[", i % F, "]: id ",
-                                                ids[i], " >= table ", f.table_id, "'s ", f.rows,
-                                                " rows"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 void RouterServiceImpl::SetNodeStub(int index,
                                     std::shared_ptr<v1::ServingNode::StubInterface> stub) {
@@ -129,28 +95,23 @@ grpc::Status RouterServiceImpl::Route(grpc::ServerContext* context,
   // The history's feature ids for the user's shard profile. Every id is checked as the node
   // checks it, counts first (INVALID_ARGUMENT), then rows (OUT_OF_RANGE): a request the node would
   // refuse must not replace the user's profile on its way there.
-  const std::vector<FeatureShards>& features = cluster_.options().features;
+  const std::span<const FeatureShards> features = cluster_.options().features;
   const size_t F = features.size();
-  std::vector<uint64_t> ids, candidate_ids;
-  ids.reserve(static_cast<size_t>(request->history_size()) * F);
-  candidate_ids.reserve(static_cast<size_t>(request->candidates_size()) * F);
-  for (int i = 0; i < request->history_size(); ++i) {
-    const v1::Event& e = request->history(i);
-    if (absl::Status st = AppendIds(e.feature_ids(), e.item_id(), F, "history", i, &ids);
-        !st.ok()) {
-      return ToGrpcStatus(st);
-    }
+  std::vector<uint64_t> ids;
+  if (absl::Status st = AppendFeatureIds(request->history(), F, "history", &ids); !st.ok()) {
+    return ToGrpcStatus(st);
   }
-  for (int i = 0; i < request->candidates_size(); ++i) {
-    const v1::Candidate& c = request->candidates(i);
-    if (absl::Status st =
-            AppendIds(c.feature_ids(), c.item_id(), F, "candidates", i, &candidate_ids);
-        !st.ok()) {
-      return ToGrpcStatus(st);
-    }
+  if (absl::Status st = AppendFeatureIds(request->candidates(), F, "candidates", nullptr);
+      !st.ok()) {
+    return ToGrpcStatus(st);
   }
-  for (const auto& [list, what] : {std::pair{&ids, "history"}, {&candidate_ids, "candidates"}}) {
-    if (absl::Status st = CheckRows(*list, features, what); !st.ok()) return ToGrpcStatus(st);
+  if (absl::Status st = CheckIdRows(std::span<const uint64_t>(ids), features, "history");
+      !st.ok()) {
+    return ToGrpcStatus(st);
+  }
+  if (absl::Status st = CheckFeatureIdRows(request->candidates(), features, "candidates");
+      !st.ok()) {
+    return ToGrpcStatus(st);
   }
   const bool delta = request->has_delta() && request->delta().length() > 0;
 

@@ -15,6 +15,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/feature_ids.h"
 #include "common/rng.h"
 #include "common/status_macros.h"
 #include "serving_node/core/table_key.h"
@@ -128,17 +129,11 @@ absl::Status CheckInferInput(const PipelineOptions& options, const InferInput& i
       !st.ok()) {
     return st;
   }
-  for (const std::vector<uint64_t>* ids : {&in.history, &in.candidates}) {
-    for (size_t i = 0; i < ids->size(); ++i) {
-      const FeatureSpec& spec = options.features[i % F];
-      if ((*ids)[i] >= spec.rows) {
-        return absl::OutOfRangeError(absl::StrCat(
-            ids == &in.history ? "history event " : "candidate ", i / F, " feature ", i % F,
-            ": id ", (*ids)[i], " >= table ", spec.table_id, "'s ", spec.rows, " rows"));
-      }
-    }
+  const std::span<const FeatureSpec> tables = options.features;
+  if (absl::Status st = CheckIdRows<FeatureSpec>(in.history, tables, "history"); !st.ok()) {
+    return st;
   }
-  return absl::OkStatus();
+  return CheckIdRows<FeatureSpec>(in.candidates, tables, "candidates");
 }
 
 // Waits for a set of device copies; records the first failure. Shared with the callbacks, which

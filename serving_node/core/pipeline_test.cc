@@ -245,7 +245,7 @@ TEST_F(PipelineTest, BadInputsGetClearErrors) {
   sketched.omitted_events = 5;
   EXPECT_EQ(code(sketched), absl::StatusCode::kInvalidArgument);
   absl::StatusOr<InferOutput> r = pipeline_->Infer(Input(1, {1000, 0}, cand));
-  EXPECT_NE(r.status().message().find("history event 0 feature 0"), std::string::npos)
+  EXPECT_NE(r.status().message().find("history[0].feature_ids[0]"), std::string::npos)
       << r.status();
   PipelineOptions small;
   small.max_history = 10;

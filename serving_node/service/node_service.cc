@@ -5,6 +5,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "common/feature_ids_proto.h"
 #include "common/grpc_status.h"
 #include "common/shed.h"
 
@@ -18,22 +19,6 @@ constexpr absl::Duration kStreamPoll = absl::Milliseconds(200);
 // Events per StreamResidency message and users per Snapshot chunk.
 constexpr size_t kEventsPerMessage = 4096;
 constexpr size_t kUsersPerChunk = 16384;
-
-// Appends one event's or candidate's feature ids.
-absl::Status AppendIds(const google::protobuf::RepeatedField<uint64_t>& ids, uint64_t item_id,
-                       size_t features, const char* what, int index, std::vector<uint64_t>* out) {
-  if (static_cast<size_t>(ids.size()) == features) {
-    out->insert(out->end(), ids.begin(), ids.end());
-    return absl::OkStatus();
-  }
-  if (ids.empty() && features == 1) {
-    out->push_back(item_id);
-    return absl::OkStatus();
-  }
-  return absl::InvalidArgumentError(absl::StrCat(what, "[", index, "].feature_ids: ", ids.size(),
-                                                 " ids; the model has ", features,
-                                                 " feature tables (GetNodeInfo.feature_tables)"));
-}
 
 void SetTimestamp(absl::Time t, google::protobuf::Timestamp* out) {
   const int64_t ns = absl::ToUnixNanos(t);
@@ -79,23 +64,14 @@ absl::StatusOr<InferInput> InferInputFromProto(const v1::InferRequest& request,
   in.user = request.user_id();
   in.expected_kv_resident = request.expected_kv_resident();
   in.deadline = deadline;
-  in.history.reserve(request.history_size() * features);
-  for (int i = 0; i < request.history_size(); ++i) {
-    const v1::Event& e = request.history(i);
-    if (absl::Status st =
-            AppendIds(e.feature_ids(), e.item_id(), features, "history", i, &in.history);
-        !st.ok()) {
-      return st;
-    }
+  if (absl::Status st = AppendFeatureIds(request.history(), features, "history", &in.history);
+      !st.ok()) {
+    return st;
   }
-  in.candidates.reserve(request.candidates_size() * features);
-  for (int i = 0; i < request.candidates_size(); ++i) {
-    const v1::Candidate& c = request.candidates(i);
-    if (absl::Status st =
-            AppendIds(c.feature_ids(), c.item_id(), features, "candidates", i, &in.candidates);
-        !st.ok()) {
-      return st;
-    }
+  if (absl::Status st =
+          AppendFeatureIds(request.candidates(), features, "candidates", &in.candidates);
+      !st.ok()) {
+    return st;
   }
   if (request.has_delta() && request.delta().length() > 0) {
     in.delta = ClientPrefix{.len = request.delta().length(), .hash = request.delta().hash()};

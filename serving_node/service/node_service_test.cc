@@ -268,7 +268,7 @@ TEST_F(NodeServiceTest, BadInputGetsClearErrors) {
   AddCandidates(rng, 1, &range);
   range.mutable_candidates(0)->set_feature_ids(1, 50);  // category has 50 rows
   EXPECT_EQ(code_of(range, &message), grpc::StatusCode::OUT_OF_RANGE);
-  EXPECT_NE(message.find("candidate 0 feature 1"), std::string::npos) << message;
+  EXPECT_NE(message.find("candidates[0].feature_ids[1]"), std::string::npos) << message;
 
   v1::InferRequest too_many = none;
   AddCandidates(rng, 17, &too_many);
