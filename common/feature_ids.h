@@ -5,6 +5,7 @@
 // requests with the same messages. The protobuf side (an entry's ids as the wire holds them) is
 // in common/feature_ids_proto.h.
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 

@@ -22,15 +22,41 @@ std::string ShardCluster::log_path(size_t shard) const {
   return absl::StrCat(options_.work_dir, "/shard", shard, ".log");
 }
 
+std::string ShardCluster::ports_path(size_t shard) const {
+  return absl::StrCat(options_.work_dir, "/shard", shard, ".ports");
+}
+
+absl::StatusOr<ChildProcess> ShardCluster::Launch(size_t shard, const std::string& listen,
+                                                  const std::string& log) const {
+  std::error_code ec;
+  std::filesystem::remove(ports_path(shard), ec);  // a stale file would name the old port
+  std::vector<std::string> argv = {
+      options_.binary,       "--config",     config_path(),    "--shard-index",
+      std::to_string(shard), "--ports-file", ports_path(shard)};
+  if (!listen.empty()) argv.insert(argv.end(), {"--listen", listen});
+  return ChildProcess::Start(argv, log);
+}
+
+absl::StatusOr<int> ShardCluster::WaitServing(size_t shard) {
+  auto port = WaitForPort(ports_path(shard), "grpc", options_.start_timeout, &processes_[shard]);
+  if (!port.ok()) {
+    return absl::Status(port.status().code(),
+                        absl::StrCat("shard ", shard, ": ", port.status().message(), " (log ",
+                                     log_path(shard), ")"));
+  }
+  auto metrics = WaitForPort(ports_path(shard), "metrics", absl::Seconds(1));
+  metrics_ports_[shard] = metrics.ok() ? *metrics : 0;
+  return *port;
+}
+
 absl::StatusOr<std::unique_ptr<ShardCluster>> ShardCluster::Start(
     const ShardClusterOptions& options) {
   auto cluster = std::make_unique<ShardCluster>();
   cluster->options_ = options;
   std::error_code ec;
   std::filesystem::create_directories(options.work_dir, ec);
-  std::string config_path = options.work_dir + "/shards.yaml";
   {
-    std::ofstream out(config_path);
+    std::ofstream out(cluster->config_path());
     out << options.config_yaml;
   }
   auto node = ParseYaml(options.config_yaml);
@@ -40,25 +66,15 @@ absl::StatusOr<std::unique_ptr<ShardCluster>> ShardCluster::Start(
   cluster->config_ = *config;
   const uint32_t n = config->map.num_shards;
   for (uint32_t s = 0; s < n; ++s) {
-    std::string ports = absl::StrCat(options.work_dir, "/shard", s, ".ports");
-    std::filesystem::remove(ports, ec);
-    auto process = ChildProcess::Start({options.binary, "--config", config_path, "--shard-index",
-                                        std::to_string(s), "--ports-file", ports},
-                                       cluster->log_path(s));
+    auto process = cluster->Launch(s, "", cluster->log_path(s));
     if (!process.ok()) return process.status();
     cluster->processes_.push_back(std::move(*process));
   }
+  cluster->metrics_ports_.resize(n);
   for (uint32_t s = 0; s < n; ++s) {
-    std::string ports = absl::StrCat(options.work_dir, "/shard", s, ".ports");
-    auto port = WaitForPort(ports, "grpc", options.start_timeout, &cluster->processes_[s]);
-    if (!port.ok()) {
-      return absl::Status(port.status().code(),
-                          absl::StrCat("shard ", s, ": ", port.status().message(), " (log ",
-                                       cluster->log_path(s), ")"));
-    }
+    auto port = cluster->WaitServing(s);
+    if (!port.ok()) return port.status();
     cluster->addresses_.push_back(absl::StrCat("127.0.0.1:", *port));
-    auto metrics = WaitForPort(ports, "metrics", absl::Seconds(1));
-    cluster->metrics_ports_.push_back(metrics.ok() ? *metrics : 0);
   }
   cluster->config_.servers = cluster->addresses_;
   return cluster;
@@ -70,20 +86,10 @@ absl::Status ShardCluster::Restart(size_t shard) {
   if (absl::StatusOr<int> st = processes_[shard].Wait(absl::Seconds(10)); !st.ok()) {
     return st.status();
   }
-  const std::string ports = absl::StrCat(options_.work_dir, "/shard", shard, ".ports");
-  std::error_code ec;
-  std::filesystem::remove(ports, ec);
-  auto process = ChildProcess::Start(
-      {options_.binary, "--config", options_.work_dir + "/shards.yaml", "--shard-index",
-       std::to_string(shard), "--ports-file", ports, "--listen", addresses_[shard]},
-      log_path(shard) + ".restart");
+  auto process = Launch(shard, addresses_[shard], log_path(shard) + ".restart");
   if (!process.ok()) return process.status();
   processes_[shard] = std::move(*process);
-  auto port = WaitForPort(ports, "grpc", options_.start_timeout, &processes_[shard]);
-  if (!port.ok()) return port.status();
-  auto metrics = WaitForPort(ports, "metrics", absl::Seconds(1));
-  metrics_ports_[shard] = metrics.ok() ? *metrics : 0;
-  return absl::OkStatus();
+  return WaitServing(shard).status();
 }
 
 }  // namespace hlem::testing

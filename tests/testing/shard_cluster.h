@@ -36,6 +36,14 @@ class ShardCluster {
   size_t size() const { return processes_.size(); }
 
  private:
+  std::string config_path() const { return options_.work_dir + "/shards.yaml"; }
+  std::string ports_path(size_t shard) const;
+  // Starts shard `shard`'s process (on `listen` when not empty, else an OS-chosen port).
+  absl::StatusOr<ChildProcess> Launch(size_t shard, const std::string& listen,
+                                      const std::string& log) const;
+  // Waits until shard `shard` serves; returns its gRPC port and records its metrics port.
+  absl::StatusOr<int> WaitServing(size_t shard);
+
   ShardClusterOptions options_;
   shard::ShardClusterConfig config_;
   std::vector<ChildProcess> processes_;
