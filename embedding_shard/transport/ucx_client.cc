@@ -16,6 +16,9 @@ namespace {
 // How long a request UCX cannot complete (a close or a send to a stopped peer) is waited for
 // before it is left to UCX.
 constexpr absl::Duration kAbandonAfter = absl::Milliseconds(500);
+// A read waiting longer than this for its answer lets the lock go now and then (Finish): answers
+// normally take microseconds; a stalled shard's never come.
+constexpr absl::Duration kShareLockAfter = absl::Microseconds(200);
 
 // The connection warm-up's target and message: they must outlive its requests.
 struct WarmUpBuffers {
@@ -647,6 +650,7 @@ absl::Status UcxShardTransport::Finish(Pending& base, absl::Time deadline) {
   if (pending.op == 0) return pending.status;
   absl::MutexLock lock(&mu_);
   ucp_worker_h worker = worker_->worker();
+  const absl::Time waiting_since = absl::Now();
   for (int spins = 0;; ++spins) {
     auto it = ops_.find(pending.op);
     if (it == ops_.end()) return absl::InternalError("unknown UCX op");
@@ -665,12 +669,18 @@ absl::Status UcxShardTransport::Finish(Pending& base, absl::Time deadline) {
       return absl::UnavailableError(absl::StrCat("shard ", pending.server, " endpoint failed"));
     }
     ucp_worker_progress(worker);
-    if ((spins & 63) == 0 && absl::Now() > deadline) {
+    if ((spins & 63) != 0) continue;
+    const absl::Time now = absl::Now();
+    if (now > deadline) {
       DisconnectLocked(pending.server);  // cancels the reads still writing into dst
       ops_.erase(pending.op);
       return absl::DeadlineExceededError(
           absl::StrCat("shard ", pending.server, ": no answer before the deadline"));
     }
+    // A slow answer: let the other reads have the worker between progress calls (any thread's
+    // progress completes every op), or one stalled shard would hold up every read of the node
+    // until this read's deadline.
+    if (now - waiting_since > kShareLockAfter) ShareLockBriefly();
   }
 }
 

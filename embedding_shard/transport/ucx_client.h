@@ -10,7 +10,9 @@
 // transport's threshold (UcxOptions::gather_min_rows_*), else get. Gets over tcp are never used
 // (kGet is refused there): UCX emulates them, and their replies can land after a timeout.
 //
-// Thread-safe: calls are serialised on one mutex around the worker.
+// Thread-safe: calls are serialised on one mutex around the worker; a read whose answer is late
+// (Finish), a connection's warm-up and prefault let it go between steps, so that one slow or
+// stalled shard does not hold up the reads from the others.
 
 #include <functional>
 #include <memory>

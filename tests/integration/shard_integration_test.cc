@@ -611,6 +611,55 @@ ucx: {transports: auto, net_devices: lo}
   EXPECT_EQ(on1.Wrong(), 0);
 }
 
+// A read waiting for a stalled shard (SIGSTOP) does not hold up the reads from the other shards:
+// its Finish spun on the worker with the transport's one lock held until its deadline, so every
+// read of the node waited as long (the slowest of them took the whole 500 ms here, and only a few
+// got through). It now lets the lock go between progress calls once the answer is late.
+TEST(ShardIntegrationTest, AReadWaitingForAStalledShardDoesNotHoldUpTheOthers) {
+  auto cluster = StartCluster("stalledclose", /*replicas=*/1);
+  ASSERT_NE(cluster, nullptr);
+  ShardClientSetup setup;
+  setup.cluster = cluster->config();
+  setup.ucx_mode = UcxReadMode::kGather;  // answered by the shard: a stalled one cannot
+  setup.probe_interval = absl::Hours(1);  // nothing reconnects behind the test's back
+  auto client = ConnectShardClient(setup, RealClock::Get());
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto& ucx = static_cast<UcxShardTransport&>((*client)->transport());
+  const RowsOnServer on0(cluster->config(), cluster->config().tables[0], 0);
+  const RowsOnServer on1(cluster->config(), cluster->config().tables[0], 1);
+
+  ASSERT_TRUE(cluster->process(0).Pause().ok());
+  std::atomic<bool> done{false};
+  absl::Status stalled;
+  absl::Duration stalled_took;
+  std::thread timing_out([&] {
+    const absl::Time start = absl::Now();
+    auto pending = ucx.Start(0, on0.spec, on0.batch(), absl::Now() + absl::Seconds(10));
+    stalled = pending.ok() ? ucx.Finish(**pending, absl::Now() + absl::Milliseconds(500))
+                           : pending.status();
+    stalled_took = absl::Now() - start;
+    done = true;
+  });
+  absl::Duration slowest;
+  absl::Status read;
+  int reads = 0;
+  while (!done && read.ok()) {
+    const absl::Time start = absl::Now();
+    auto pending = ucx.Start(1, on1.spec, on1.batch(), absl::Now() + absl::Seconds(5));
+    read = pending.ok() ? ucx.Finish(**pending, absl::Now() + absl::Seconds(5)) : pending.status();
+    slowest = std::max(slowest, absl::Now() - start);
+    ++reads;
+  }
+  timing_out.join();
+  cluster->process(0).Signal(SIGCONT);
+  std::cerr << "stalled read " << stalled << " after " << stalled_took << "; " << reads
+            << " reads from the other shard meanwhile, the slowest " << slowest << "\n";
+  EXPECT_EQ(stalled.code(), absl::StatusCode::kDeadlineExceeded) << stalled;
+  EXPECT_TRUE(read.ok()) << read;
+  EXPECT_EQ(on1.Wrong(), 0);
+  EXPECT_LT(slowest, absl::Milliseconds(100));
+}
+
 TEST(ShardIntegrationTest, MetricsShowTrafficByTransport) {
   auto cluster = StartCluster("metrics", /*replicas=*/2);
   ASSERT_NE(cluster, nullptr);
