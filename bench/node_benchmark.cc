@@ -203,13 +203,14 @@ int main(int argc, char** argv) {
   if (!cluster.ok()) Die(cluster.status().ToString());
 
   RealClock clock;
+  RealClock probes;  // the shard client's probes wait on shards: not on the node's clock (main.cc)
   shard::ShardClientSetup setup;
   setup.cluster = (*cluster)->config();
   setup.addresses = (*cluster)->addresses();
   auto transport = shard::ParseClientTransport(config->shard_transport);
   Must(transport.status(), "shards.transport");
   setup.transport = *transport;
-  auto client = shard::ConnectShardClient(setup, clock);
+  auto client = shard::ConnectShardClient(setup, probes);
   if (!client.ok()) Die(client.status().ToString());
   serving::ShardRowSource source(**client);
   auto stack = serving::NodeStack::Build(*config, source, 1, clock);

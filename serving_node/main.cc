@@ -127,9 +127,13 @@ int main(int argc, char** argv) {
 
   // Declared before everything that schedules on them, so they are destroyed last. `clock` runs
   // the critical path's timers (the link's completions, windows, load reports); `background` the
-  // refiller and the memory manager, whose timers may block (LocalNodeOptions::background_clock).
+  // refiller and the memory manager, whose timers may block (LocalNodeOptions::background_clock);
+  // `probes` the shard client's health probes and reconnects, which wait on the shards (a probe
+  // of a stalled shard for its whole timeout, a reconnect for its warm-up): on `clock` they held
+  // up every copy of the node meanwhile (docs/reliability.md).
   hlem::RealClock clock;
   hlem::RealClock background;
+  hlem::RealClock probes;
   hlem::MetricsRegistry registry;
   std::unique_ptr<hlem::MetricsExposer> exposer;
   if (!metrics_listen.empty()) {
@@ -145,7 +149,7 @@ int main(int argc, char** argv) {
   auto transport = hlem::shard::ParseClientTransport(config->shard_transport);
   if (!transport.ok()) return Fail(transport.status());
   setup.transport = *transport;
-  auto client = hlem::shard::ConnectShardClient(setup, clock);
+  auto client = hlem::shard::ConnectShardClient(setup, probes);
   if (!client.ok()) return Fail(client.status());
   hlem::serving::ShardRowSource source(**client);
 

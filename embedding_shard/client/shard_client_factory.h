@@ -41,7 +41,10 @@ absl::StatusOr<RdmaServerInfo> FetchRdmaServerInfo(GrpcShardTransport& grpc, uin
                                                    absl::Time deadline);
 
 // FAILED_PRECONDITION when a server's shard map or tables differ from the config; a server that
-// does not answer is tolerated (it is marked down and probed) as long as one answers.
+// does not answer is tolerated (it is marked down and probed) as long as one answers. The
+// client's health probes and reconnects run as timers of `clock` and wait on the shards (up to
+// probe_timeout, or a reconnect's warm-up): give it a clock whose timer thread nothing
+// latency-critical shares.
 absl::StatusOr<std::unique_ptr<ShardClient>> ConnectShardClient(const ShardClientSetup& setup,
                                                                 Clock& clock);
 
