@@ -4,6 +4,7 @@
 // the router's and the serving node's request decoding (common/feature_ids.h has the row check).
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -14,17 +15,20 @@
 
 namespace hlem {
 
-// An entry's ids under the length rule, or an empty span when it breaks it. The item id is
-// copied into `*item` (the span then points at it).
+// An entry's ids under the length rule (one per table, or none and the item id with one table,
+// copied into `*item`, which the span then points at); nullopt when the entry breaks it.
 template <typename Entry>
-std::span<const uint64_t> EntryFeatureIds(const Entry& entry, size_t features, uint64_t* item) {
+std::optional<std::span<const uint64_t>> EntryFeatureIds(const Entry& entry, size_t features,
+                                                         uint64_t* item) {
   const auto& ids = entry.feature_ids();
-  if (static_cast<size_t>(ids.size()) == features) return {ids.data(), features};
+  if (static_cast<size_t>(ids.size()) == features) {
+    return std::span<const uint64_t>(ids.data(), features);
+  }
   if (ids.empty() && features == 1) {
     *item = entry.item_id();
-    return {item, 1};
+    return std::span<const uint64_t>(item, 1);
   }
-  return {};
+  return std::nullopt;
 }
 
 // Checks every entry's count of ids (INVALID_ARGUMENT naming the entry), appending the ids in
@@ -35,13 +39,14 @@ absl::Status AppendFeatureIds(const google::protobuf::RepeatedPtrField<Entry>& e
   if (out != nullptr) out->reserve(out->size() + entries.size() * features);
   for (int i = 0; i < entries.size(); ++i) {
     uint64_t item = 0;
-    const std::span<const uint64_t> ids = EntryFeatureIds(entries[i], features, &item);
-    if (ids.empty() && features > 0) {
+    const std::optional<std::span<const uint64_t>> ids =
+        EntryFeatureIds(entries[i], features, &item);
+    if (!ids.has_value()) {
       return absl::InvalidArgumentError(absl::StrCat(
           what, "[", i, "].feature_ids: ", entries[i].feature_ids().size(), " ids; the model has ",
           features, " feature tables (GetNodeInfo.feature_tables)"));
     }
-    if (out != nullptr) out->insert(out->end(), ids.begin(), ids.end());
+    if (out != nullptr) out->insert(out->end(), ids->begin(), ids->end());
   }
   return absl::OkStatus();
 }
@@ -53,9 +58,10 @@ absl::Status CheckFeatureIdRows(const google::protobuf::RepeatedPtrField<Entry>&
                                 std::span<const Table> tables, absl::string_view what) {
   for (int i = 0; i < entries.size(); ++i) {
     uint64_t item = 0;
-    if (absl::Status st = CheckEntryIdRows(EntryFeatureIds(entries[i], tables.size(), &item),
-                                           tables, what, static_cast<size_t>(i));
-        !st.ok()) {
+    const std::optional<std::span<const uint64_t>> ids =
+        EntryFeatureIds(entries[i], tables.size(), &item);
+    if (!ids.has_value()) continue;  // AppendFeatureIds refuses it
+    if (absl::Status st = CheckEntryIdRows(*ids, tables, what, static_cast<size_t>(i)); !st.ok()) {
       return st;
     }
   }

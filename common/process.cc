@@ -6,8 +6,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 #include "absl/strings/numbers.h"
@@ -98,18 +101,36 @@ void ChildProcess::Signal(int signal) {
   if (!reaped_) kill(pid_, signal);
 }
 
+namespace {
+
+// Whether /proc says the process is stopped (state T): also true for one stopped before, whose
+// stop waitpid has already reported.
+bool IsStopped(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t comm_end = stat.rfind(')');  // the command name may hold spaces and parentheses
+  return comm_end != std::string::npos && comm_end + 2 < stat.size() && stat[comm_end + 2] == 'T';
+}
+
+}  // namespace
+
 absl::Status ChildProcess::Pause(absl::Duration timeout) {
   if (reaped_) return absl::FailedPreconditionError("process already reaped");
-  kill(pid_, SIGSTOP);
+  if (kill(pid_, SIGSTOP) != 0) {
+    return absl::InternalError(absl::StrCat("kill(", pid_, ", SIGSTOP): ", std::strerror(errno)));
+  }
   const absl::Time deadline = absl::Now() + timeout;
   for (;;) {
     int status = 0;
     const pid_t r = waitpid(pid_, &status, WNOHANG | WUNTRACED);
-    if (r == pid_ && WIFSTOPPED(status)) return absl::OkStatus();
-    if (r == pid_) {
+    if (r < 0) {
+      return absl::InternalError(absl::StrCat("waitpid(", pid_, "): ", std::strerror(errno)));
+    }
+    if (r == pid_ && !WIFSTOPPED(status)) {
       reaped_ = true;
       return absl::FailedPreconditionError(absl::StrCat("pid ", pid_, " exited before it stopped"));
     }
+    if (r == pid_ || IsStopped(pid_)) return absl::OkStatus();
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat("pid ", pid_, " did not stop"));
     }
@@ -137,6 +158,7 @@ absl::StatusOr<int> ChildProcess::Wait(absl::Duration timeout) {
 int ChildProcess::Stop(absl::Duration grace) {
   if (reaped_) return 0;
   kill(pid_, SIGTERM);
+  kill(pid_, SIGCONT);  // a paused process handles its SIGTERM only once it runs
   auto status = Wait(grace);
   if (status.ok()) return *status;
   kill(pid_, SIGKILL);

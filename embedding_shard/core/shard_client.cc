@@ -4,6 +4,8 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 
 namespace hlem::shard {
@@ -102,11 +104,16 @@ void ShardClient::ProbeAll() {
     if (!was_down) continue;
     const absl::Time now = clock_.Now();
     if (now < next_reconnect_[s]) continue;  // backing off after failed reconnects
-    if (!transport_->Reconnect(s).ok()) {
+    if (absl::Status reconnected = transport_->Reconnect(s); !reconnected.ok()) {
       reconnect_wait_[s] =
           std::min(options_.reconnect_backoff_max,
                    std::max(options_.reconnect_backoff_min, 2 * reconnect_wait_[s]));
       next_reconnect_[s] = now + reconnect_wait_[s];
+      // Once per try, and the tries back off: a reconnect that can never succeed (a setting the
+      // server's transports refuse: FAILED_PRECONDITION) must not leave the shard down silently.
+      GetLogger("shard_client")
+          ->warn("shard_reconnect_failed shard={} error={} next_try_in={}", s,
+                 reconnected.ToString(), absl::FormatDuration(reconnect_wait_[s]));
       continue;
     }
     reconnect_wait_[s] = absl::ZeroDuration();

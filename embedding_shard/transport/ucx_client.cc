@@ -40,15 +40,19 @@ bool IsShm(const std::vector<std::string>& transports) {
   return false;
 }
 
-// Whether the endpoint's one-sided reads are emulated by UCX in software over tcp (the server's
-// worker answers each get). UCX 1.13 then writes a get's reply into its destination even when it
-// arrives after the endpoint was force-closed (measured: a stalled shard resumed after a timed-out
-// read overwrote the caller's buffer), so such endpoints read rows with gathers only, whose
-// replies are matched to ops that are still waited for.
-bool GetsOverTcp(const std::vector<std::string>& transports) {
-  if (IsShm(transports)) return false;
+// Whether UCX does the endpoint's one-sided reads without the server's worker: by mapping its
+// memory (shared memory: posix, sysv, xpmem) or in the NIC (RDMA: rc, dc). Otherwise (tcp; ud,
+// which has no RMA; cma or knem without a mapping transport, whose small gets UCX may emulate) the
+// server's worker answers each get, and UCX 1.13 writes a get's reply into its destination even
+// when it arrives after the endpoint was force-closed (measured over tcp: a stalled shard resumed
+// after a timed-out read overwrote the caller's buffer). Such endpoints read rows with gathers
+// only, whose replies are matched to ops still waited for. Unknown transports count as emulated.
+bool GetsWithoutServer(const std::vector<std::string>& transports) {
   for (const std::string& t : transports) {
-    if (t.starts_with("tcp/")) return true;
+    for (const char* prefix :
+         {"posix/", "sysv/", "xpmem/", "rc_verbs/", "rc_mlx5/", "dc_mlx5/", "rc/", "dc/"}) {
+      if (t.starts_with(prefix)) return true;
+    }
   }
   return false;
 }
@@ -61,7 +65,17 @@ void PrefaultMapping(const std::byte* data, size_t bytes) {
   uintptr_t begin = reinterpret_cast<uintptr_t>(data) & ~(page - 1);
   uintptr_t end = reinterpret_cast<uintptr_t>(data) + bytes;
 #ifdef MADV_POPULATE_READ
-  if (madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_READ) == 0) return;
+  // In 16 MiB steps: the kernel holds the process's mmap lock (shared) across one call, and a
+  // thread mapping or unmapping memory meanwhile (a large allocation) waits for it.
+  constexpr uintptr_t kStep = uintptr_t{16} << 20;
+  uintptr_t done = begin;
+  while (done < end) {
+    const uintptr_t step = std::min(kStep, end - done);
+    if (madvise(reinterpret_cast<void*>(done), step, MADV_POPULATE_READ) != 0) break;
+    done += step;
+  }
+  if (done >= end) return;
+  begin = done;  // not supported (kernel < 5.14): touch the rest page by page
 #endif
   volatile const std::byte* p = data;
   for (uintptr_t a = begin; a < end; a += page) {
@@ -128,7 +142,7 @@ absl::StatusOr<std::unique_ptr<UcxShardTransport>> UcxShardTransport::Create(con
   if (status != UCS_OK) return UcsToStatus(status, "ucp_worker_set_am_recv_handler");
 
   {
-    absl::MutexLock lock(&t->mu_);
+    WorkerLock lock(t.get());
     t->servers_.resize(options.num_servers);
   }
   for (uint32_t s = 0; s < options.num_servers; ++s) {
@@ -143,7 +157,7 @@ absl::StatusOr<std::unique_ptr<UcxShardTransport>> UcxShardTransport::Create(con
 }
 
 UcxShardTransport::~UcxShardTransport() {
-  absl::MutexLock lock(&mu_);
+  WorkerLock lock(this);
   for (uint32_t s = 0; s < servers_.size(); ++s) DisconnectLocked(s);
   // The worker goes first, while ops_ is alive for the callbacks its teardown may still run;
   // then abandoned_ (with the members).
@@ -153,7 +167,7 @@ UcxShardTransport::~UcxShardTransport() {
 absl::Status UcxShardTransport::Reconnect(uint32_t server) {
   if (server >= options_.num_servers) return absl::InvalidArgumentError("no such shard");
   auto info = fetch_info_(server);  // an RPC: outside the worker lock
-  absl::MutexLock lock(&mu_);
+  WorkerLock lock(this);
   if (servers_[server].connecting) {
     return absl::UnavailableError(absl::StrCat("shard ", server, ": already reconnecting"));
   }
@@ -219,7 +233,7 @@ absl::Status UcxShardTransport::ConnectLocked(uint32_t server, const RdmaServerI
   if (!prefault.empty()) {
     mu_.Unlock();
     for (const auto& [data, bytes] : prefault) PrefaultMapping(data, bytes);
-    mu_.Lock();
+    Relock();
     if (s.ep != ep) return closed();
   }
   // Wire up every lane now, so the first request pays nothing: one get per region, and an empty
@@ -276,10 +290,10 @@ absl::Status UcxShardTransport::ConnectLocked(uint32_t server, const RdmaServerI
   }
   s.transports = EndpointTransports(s.ep);
   s.shm = IsShm(s.transports);
-  s.gets_over_tcp = GetsOverTcp(s.transports);
-  if (options_.mode == UcxReadMode::kGet && s.gets_over_tcp) {
+  s.gets_emulated = !GetsWithoutServer(s.transports);
+  if (options_.mode == UcxReadMode::kGet && s.gets_emulated) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "read mode 'get' over tcp (shard ", server,
+        "read mode 'get' over ", absl::StrJoin(s.transports, ","), " (shard ", server,
         "): UCX emulates the gets in software and may write a reply into the caller's buffer "
         "after the read was given up; use 'gather' or 'auto'"));
   }
@@ -300,7 +314,7 @@ void UcxShardTransport::DisconnectLocked(uint32_t server) {
   s.region_index.clear();
   s.all_mapped = false;
   s.shm = false;
-  s.gets_over_tcp = false;
+  s.gets_emulated = false;
   s.transports.clear();
   s.failed = true;
   bool close_abandoned = false;
@@ -349,7 +363,15 @@ uint64_t UcxShardTransport::NewOpLocked(uint32_t server) {
 void UcxShardTransport::ShareLockBriefly() {
   mu_.Unlock();
   absl::SleepFor(absl::Microseconds(20));
+  Relock();
+}
+
+void UcxShardTransport::Relock() {
+  // Counted like any waiter: a thread taking the lock back may be a read that another thread's
+  // long wait must let in.
+  contenders_.fetch_add(1, std::memory_order_relaxed);
   mu_.Lock();
+  contenders_.fetch_sub(1, std::memory_order_relaxed);
 }
 
 absl::Status UcxShardTransport::WaitLocked(void* request, uint32_t server, absl::Time deadline,
@@ -436,7 +458,7 @@ std::span<const uint32_t> UcxShardTransport::PartitionsOf(const TableSpec& spec,
 }
 
 UcxReadMode UcxShardTransport::ModeFor(uint32_t server, size_t rows) const {
-  absl::MutexLock lock(&mu_);
+  WorkerLock lock(this);
   return ModeForLocked(server, rows);
 }
 
@@ -444,7 +466,7 @@ UcxReadMode UcxShardTransport::ModeForLocked(uint32_t server, size_t rows) const
   const Server& s = servers_[server];
   if (options_.mode != UcxReadMode::kAuto) return options_.mode;
   if (s.all_mapped) return UcxReadMode::kMapped;
-  if (s.gets_over_tcp) return UcxReadMode::kGather;
+  if (s.gets_emulated) return UcxReadMode::kGather;
   uint32_t threshold = s.shm ? options_.ucx.gather_min_rows_shm : options_.ucx.gather_min_rows_tcp;
   return rows >= threshold ? UcxReadMode::kGather : UcxReadMode::kGet;
 }
@@ -616,7 +638,7 @@ absl::StatusOr<std::unique_ptr<ShardTransport::Pending>> UcxShardTransport::Star
   if (server >= options_.num_servers) return absl::InvalidArgumentError("no such shard");
   auto pending = std::make_unique<UcxPending>();
   pending->server = server;
-  absl::MutexLock lock(&mu_);
+  WorkerLock lock(this);
   const UcxReadMode mode = ModeForLocked(server, batch.rows.size());
   if (servers_[server].failed || servers_[server].ep == nullptr) {
     return absl::UnavailableError(absl::StrCat("shard ", server, " is not connected"));
@@ -648,7 +670,7 @@ absl::StatusOr<std::unique_ptr<ShardTransport::Pending>> UcxShardTransport::Star
 absl::Status UcxShardTransport::Finish(Pending& base, absl::Time deadline) {
   auto& pending = static_cast<UcxPending&>(base);
   if (pending.op == 0) return pending.status;
-  absl::MutexLock lock(&mu_);
+  WorkerLock lock(this);
   ucp_worker_h worker = worker_->worker();
   const absl::Time waiting_since = absl::Now();
   for (int spins = 0;; ++spins) {
@@ -679,8 +701,10 @@ absl::Status UcxShardTransport::Finish(Pending& base, absl::Time deadline) {
     }
     // A slow answer: let the other reads have the worker between progress calls (any thread's
     // progress completes every op), or one stalled shard would hold up every read of the node
-    // until this read's deadline.
-    if (now - waiting_since > kShareLockAfter) ShareLockBriefly();
+    // until this read's deadline. Only when someone waits for it: a lone slow read keeps going.
+    if (now - waiting_since > kShareLockAfter && contenders_.load(std::memory_order_relaxed) > 0) {
+      ShareLockBriefly();
+    }
   }
 }
 
@@ -689,7 +713,7 @@ absl::Status UcxShardTransport::Probe(uint32_t server, absl::Time deadline) {
 }
 
 std::vector<std::string> UcxShardTransport::EndpointTransportsOf(uint32_t server) const {
-  absl::MutexLock lock(&mu_);
+  WorkerLock lock(this);
   return server < servers_.size() ? servers_[server].transports : std::vector<std::string>{};
 }
 

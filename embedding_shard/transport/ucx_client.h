@@ -6,14 +6,15 @@
 //   - gather: the row ids go in one active message; the server packs the rows into one reply,
 //   - mapped: over shared memory UCX can map the server's table memory into this process
 //             (ucp_rkey_ptr); rows are then copied with memcpy, still without server CPU.
-// kAuto uses mapped where available, else gather over tcp and for batches of at least the
-// transport's threshold (UcxOptions::gather_min_rows_*), else get. Gets over tcp are never used
-// (kGet is refused there): UCX emulates them, and their replies can land after a timeout.
+// kAuto uses mapped where available, else gather where UCX emulates gets (tcp) and for batches of
+// at least the transport's threshold (UcxOptions::gather_min_rows_*), else get. Emulated gets are
+// never used (kGet is refused there): their replies can land after a read was given up.
 //
 // Thread-safe: calls are serialised on one mutex around the worker; a read whose answer is late
 // (Finish), a connection's warm-up and prefault let it go between steps, so that one slow or
 // stalled shard does not hold up the reads from the others.
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -81,7 +82,7 @@ class UcxShardTransport final : public ShardTransport {
     bool failed = true;
     bool shm = false;
     bool all_mapped = false;
-    bool gets_over_tcp = false;  // UCX emulates gets over tcp: such endpoints use gathers only
+    bool gets_emulated = false;  // the server answers each get (tcp): gathers only
     bool connecting = false;  // a Reconnect is warming the endpoint up (the lock let go meanwhile)
     bool errored = false;     // the endpoint's error handler ran (since it was created)
     std::vector<std::string> transports;
@@ -101,6 +102,22 @@ class UcxShardTransport final : public ShardTransport {
     std::vector<uint64_t> rows;
   };
   class UcxPending;
+  // mu_, held for a scope; counts the threads waiting for it meanwhile (contenders_), so that a
+  // long wait lets the lock go only when someone wants it.
+  class ABSL_SCOPED_LOCKABLE WorkerLock {
+   public:
+    explicit WorkerLock(const UcxShardTransport* t) ABSL_EXCLUSIVE_LOCK_FUNCTION(t->mu_) : t_(t) {
+      t_->contenders_.fetch_add(1, std::memory_order_relaxed);
+      t_->mu_.Lock();
+      t_->contenders_.fetch_sub(1, std::memory_order_relaxed);
+    }
+    ~WorkerLock() ABSL_UNLOCK_FUNCTION() { t_->mu_.Unlock(); }
+    WorkerLock(const WorkerLock&) = delete;
+    WorkerLock& operator=(const WorkerLock&) = delete;
+
+   private:
+    const UcxShardTransport* t_;
+  };
 
   UcxShardTransport(const Options& options, ShardMap map)
       : options_(options), map_(std::move(map)) {}
@@ -125,6 +142,8 @@ class UcxShardTransport final : public ShardTransport {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Lets other threads take the lock for a moment (between two progress calls of a long wait).
   void ShareLockBriefly() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes mu_ back after this thread let it go, counted in contenders_ meanwhile.
+  void Relock() ABSL_EXCLUSIVE_LOCK_FUNCTION(mu_);
   // Region of every partition of `spec` on server `s` (null where it holds none), looked up once
   // per batch so the per-row work is an index and a multiply.
   std::vector<const Region*> RegionsOf(const Server& s, const TableSpec& spec) const;
@@ -155,6 +174,7 @@ class UcxShardTransport final : public ShardTransport {
   std::unique_ptr<UcxWorker> worker_;
 
   mutable absl::Mutex mu_;
+  mutable std::atomic<int> contenders_{0};  // threads waiting in WorkerLock for mu_
   std::vector<Server> servers_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Op> ops_ ABSL_GUARDED_BY(mu_);
   uint64_t next_op_ ABSL_GUARDED_BY(mu_) = 1;

@@ -405,7 +405,10 @@ TEST(ShardIntegrationTest, AReconnectFailsTheReadsStillOutOnTheOldEndpoint) {
     auto& ucx = static_cast<UcxShardTransport&>((*client)->transport());
     RowsOnServer on0(cluster->config(), cluster->config().tables[0], 0);
 
-    ASSERT_TRUE(cluster->process(0).Pause().ok());
+    {
+      const absl::Status paused = cluster->process(0).Pause();
+      ASSERT_TRUE(paused.ok()) << paused;
+    }
     auto pending = ucx.Start(0, on0.spec, on0.batch(), absl::Now() + absl::Seconds(10));
     ASSERT_TRUE(pending.ok()) << pending.status();
     const absl::Status restarted = cluster->Restart(0);
@@ -454,7 +457,10 @@ TEST(ShardIntegrationTest, AReconnectWaitingForAStalledShardDoesNotHoldUpTheOthe
   ASSERT_TRUE(ucx.ok()) << ucx.status();
   const RowsOnServer on1(cluster->config(), cluster->config().tables[0], 1);
 
-  ASSERT_TRUE(cluster->process(0).Pause().ok());
+  {
+    const absl::Status paused = cluster->process(0).Pause();
+    ASSERT_TRUE(paused.ok()) << paused;
+  }
   absl::Status reconnected;
   std::thread reconnect([&] { reconnected = (*ucx)->Reconnect(0); });
   absl::SleepFor(absl::Milliseconds(300));  // the reconnect is waiting for shard 0 by now
@@ -485,7 +491,10 @@ TEST(ShardIntegrationTest, AReconnectWaitingForAStalledShardDoesNotHoldUpTheOthe
   auto impatient = UcxShardTransport::Create(
       options, [&](uint32_t s) -> absl::StatusOr<RdmaServerInfo> { return *infos[s]; }, nullptr);
   ASSERT_TRUE(impatient.ok()) << impatient.status();
-  ASSERT_TRUE(cluster->process(0).Pause().ok());
+  {
+    const absl::Status paused = cluster->process(0).Pause();
+    ASSERT_TRUE(paused.ok()) << paused;
+  }
   const absl::Time before = absl::Now();
   std::atomic<bool> returned{false};
   std::thread stuck([&] {
@@ -534,7 +543,10 @@ TEST(ShardIntegrationTest, ATimedOutReadWritesNothingAfterFinishReturned) {
     RowsOnServer on0(cluster->config(), cluster->config().tables[0], 0);
     const RowsOnServer on1(cluster->config(), cluster->config().tables[0], 1);
 
-    ASSERT_TRUE(cluster->process(0).Pause().ok());
+    {
+      const absl::Status paused = cluster->process(0).Pause();
+      ASSERT_TRUE(paused.ok()) << paused;
+    }
     auto pending = ucx.Start(0, on0.spec, on0.batch(), absl::Now() + absl::Seconds(10));
     ASSERT_TRUE(pending.ok()) << pending.status();
     const absl::Status s = ucx.Finish(**pending, absl::Now() + absl::Milliseconds(300));
@@ -556,10 +568,10 @@ TEST(ShardIntegrationTest, ATimedOutReadWritesNothingAfterFinishReturned) {
 
 // A reconnect over shared memory faults the shard's mapped table into this process (~0.3 s per
 // GiB): with the transport's lock held, every read of the node waited for it (the slowest read
-// from the other shard during a reconnect took 96-99 % of the reconnect, 101-118 ms with 512 MiB
-// per shard). The prefault now runs with the lock let go; what still holds it (unmapping the old
-// region, creating the endpoint) is a fraction. The best of three reconnects is compared, so one
-// read descheduled on a busy machine does not decide it.
+// from the other shard during a reconnect took 96-99 % of the reconnect, 101-118 ms with about
+// 488 MiB per shard). The prefault now runs with the lock let go; what still holds it (unmapping
+// the old region, creating the endpoint) is a fraction. The best of three reconnects is compared,
+// so one read descheduled on a busy machine does not decide it.
 TEST(ShardIntegrationTest, AReconnectFaultsTheMappedTableInWithoutHoldingUpTheOthers) {
   testing::ShardClusterOptions options;
   options.binary = HLEM_SHARD_BINARY;
@@ -570,7 +582,7 @@ tables:
   - {id: 0, name: item, rows: 2000000, dim: 64, dtype: fp32}
 content: {source: generated, seed: 77}
 ucx: {transports: auto, net_devices: lo}
-)";  // 256 MiB per shard
+)";  // about 244 MiB per shard
   auto cluster = testing::ShardCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   ShardClientSetup setup;
@@ -628,7 +640,10 @@ TEST(ShardIntegrationTest, AReadWaitingForAStalledShardDoesNotHoldUpTheOthers) {
   const RowsOnServer on0(cluster->config(), cluster->config().tables[0], 0);
   const RowsOnServer on1(cluster->config(), cluster->config().tables[0], 1);
 
-  ASSERT_TRUE(cluster->process(0).Pause().ok());
+  {
+    const absl::Status paused = cluster->process(0).Pause();
+    ASSERT_TRUE(paused.ok()) << paused;
+  }
   std::atomic<bool> done{false};
   absl::Status stalled;
   absl::Duration stalled_took;
@@ -657,7 +672,7 @@ TEST(ShardIntegrationTest, AReadWaitingForAStalledShardDoesNotHoldUpTheOthers) {
   EXPECT_EQ(stalled.code(), absl::StatusCode::kDeadlineExceeded) << stalled;
   EXPECT_TRUE(read.ok()) << read;
   EXPECT_EQ(on1.Wrong(), 0);
-  EXPECT_LT(slowest, absl::Milliseconds(100));
+  EXPECT_LT(slowest, absl::Milliseconds(250));  // half the stalled read's deadline
 }
 
 TEST(ShardIntegrationTest, MetricsShowTrafficByTransport) {

@@ -37,12 +37,12 @@ absl::StatusOr<ChildProcess> ShardCluster::Launch(size_t shard, const std::strin
   return ChildProcess::Start(argv, log);
 }
 
-absl::StatusOr<int> ShardCluster::WaitServing(size_t shard) {
+absl::StatusOr<int> ShardCluster::WaitServing(size_t shard, const std::string& log) {
   auto port = WaitForPort(ports_path(shard), "grpc", options_.start_timeout, &processes_[shard]);
   if (!port.ok()) {
-    return absl::Status(port.status().code(),
-                        absl::StrCat("shard ", shard, ": ", port.status().message(), " (log ",
-                                     log_path(shard), ")"));
+    return absl::Status(
+        port.status().code(),
+        absl::StrCat("shard ", shard, ": ", port.status().message(), " (log ", log, ")"));
   }
   auto metrics = WaitForPort(ports_path(shard), "metrics", absl::Seconds(1));
   metrics_ports_[shard] = metrics.ok() ? *metrics : 0;
@@ -72,7 +72,7 @@ absl::StatusOr<std::unique_ptr<ShardCluster>> ShardCluster::Start(
   }
   cluster->metrics_ports_.resize(n);
   for (uint32_t s = 0; s < n; ++s) {
-    auto port = cluster->WaitServing(s);
+    auto port = cluster->WaitServing(s, cluster->log_path(s));
     if (!port.ok()) return port.status();
     cluster->addresses_.push_back(absl::StrCat("127.0.0.1:", *port));
   }
@@ -86,10 +86,11 @@ absl::Status ShardCluster::Restart(size_t shard) {
   if (absl::StatusOr<int> st = processes_[shard].Wait(absl::Seconds(10)); !st.ok()) {
     return st.status();
   }
-  auto process = Launch(shard, addresses_[shard], log_path(shard) + ".restart");
+  const std::string log = log_path(shard) + ".restart";
+  auto process = Launch(shard, addresses_[shard], log);
   if (!process.ok()) return process.status();
   processes_[shard] = std::move(*process);
-  return WaitServing(shard).status();
+  return WaitServing(shard, log).status();
 }
 
 }  // namespace hlem::testing

@@ -41,8 +41,9 @@ class ShardCluster {
   // Starts shard `shard`'s process (on `listen` when not empty, else an OS-chosen port).
   absl::StatusOr<ChildProcess> Launch(size_t shard, const std::string& listen,
                                       const std::string& log) const;
-  // Waits until shard `shard` serves; returns its gRPC port and records its metrics port.
-  absl::StatusOr<int> WaitServing(size_t shard);
+  // Waits until shard `shard` serves; returns its gRPC port and records its metrics port. An
+  // error names `log`, the process's log.
+  absl::StatusOr<int> WaitServing(size_t shard, const std::string& log);
 
   ShardClusterOptions options_;
   shard::ShardClusterConfig config_;
