@@ -120,8 +120,11 @@ absl::StatusOr<std::shared_ptr<TokenFile>> TokenFile::Open(std::string path,
                                                            absl::Duration recheck) {
   if (path.empty()) return absl::InvalidArgumentError("token file: empty path");
   std::shared_ptr<TokenFile> file(new TokenFile(std::move(path), recheck));
+  absl::StatusOr<std::optional<Loaded>> loaded = file->ReadIfChanged(Identity{});
+  if (!loaded.ok()) return loaded.status();
   absl::MutexLock lock(&file->mu_);
-  if (auto s = file->Reload(); !s.ok()) return s;
+  file->Apply(std::move(**loaded));
+  file->next_check_ = absl::Now() + recheck;
   return file;
 }
 
@@ -133,14 +136,15 @@ std::shared_ptr<TokenFile> TokenFile::Fixed(std::string token) {
   return file;
 }
 
-absl::Status TokenFile::Reload() const {
+absl::StatusOr<std::optional<TokenFile::Loaded>> TokenFile::ReadIfChanged(
+    const Identity& seen) const {
   struct stat st = {};
   if (::stat(path_.c_str(), &st) != 0) {
     return absl::NotFoundError(absl::StrCat("token file ", path_, ": cannot stat"));
   }
-  if (st.st_mtim.tv_sec == mtime_.tv_sec && st.st_mtim.tv_nsec == mtime_.tv_nsec &&
-      st.st_size == size_ && st.st_ino == inode_) {
-    return absl::OkStatus();
+  if (st.st_mtim.tv_sec == seen.mtime.tv_sec && st.st_mtim.tv_nsec == seen.mtime.tv_nsec &&
+      st.st_size == seen.size && st.st_ino == seen.inode) {
+    return std::nullopt;
   }
   absl::StatusOr<std::string> content = ReadFile(path_);
   if (!content.ok()) return content.status();
@@ -148,23 +152,34 @@ absl::Status TokenFile::Reload() const {
   if (token.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("token file ", path_, ": empty"));
   }
-  if (!token_.empty() && token != token_) GetLogger("grpc")->info("token_reloaded file={}", path_);
-  token_ = std::move(token);
-  mtime_ = st.st_mtim;
-  size_ = st.st_size;
-  inode_ = st.st_ino;
-  return absl::OkStatus();
+  return Loaded{std::move(token), Identity{st.st_mtim, st.st_size, st.st_ino}};
+}
+
+void TokenFile::Apply(Loaded loaded) const {
+  if (!token_.empty() && loaded.token != token_) {
+    GetLogger("grpc")->info("token_reloaded file={}", path_);
+  }
+  token_ = std::move(loaded.token);
+  identity_ = loaded.identity;
 }
 
 std::string TokenFile::Get() const {
-  absl::MutexLock lock(&mu_);
-  const absl::Time now = absl::Now();
-  if (now >= next_check_) {
+  Identity seen;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = absl::Now();
+    if (now < next_check_) return token_;
+    // This call re-reads the file; the others meanwhile answer with the last token.
     next_check_ = now + recheck_;
-    if (auto s = Reload(); !s.ok()) {
-      GetLogger("grpc")->warn("token_reload_failed file={} keeping=last_good error={}", path_,
-                              std::string(s.message()));
-    }
+    seen = identity_;
+  }
+  absl::StatusOr<std::optional<Loaded>> loaded = ReadIfChanged(seen);
+  absl::MutexLock lock(&mu_);
+  if (!loaded.ok()) {
+    GetLogger("grpc")->warn("token_reload_failed file={} keeping=last_good error={}", path_,
+                            std::string(loaded.status().message()));
+  } else if (loaded->has_value()) {
+    Apply(std::move(**loaded));
   }
   return token_;
 }

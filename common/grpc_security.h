@@ -22,6 +22,7 @@
 #include <sys/types.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include "absl/strings/string_view.h"
 
@@ -82,17 +83,28 @@ class TokenFile {
   const std::string& path() const { return path_; }
 
  private:
+  // What tells a changed file: modification time, size, inode.
+  struct Identity {
+    struct timespec mtime = {};
+    off_t size = -1;
+    ino_t inode = 0;
+  };
+  struct Loaded {
+    std::string token;
+    Identity identity;
+  };
   TokenFile(std::string path, absl::Duration recheck) : path_(std::move(path)), recheck_(recheck) {}
-  absl::Status Reload() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The file's token, or nullopt when its identity is still `seen`. Without the lock: a slow
+  // file system (a hung network mount) must not stall every call that checks a token.
+  absl::StatusOr<std::optional<Loaded>> ReadIfChanged(const Identity& seen) const;
+  void Apply(Loaded loaded) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string path_;  // "" for Fixed
   const absl::Duration recheck_;
   mutable absl::Mutex mu_;
   mutable std::string token_ ABSL_GUARDED_BY(mu_);
   mutable absl::Time next_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  mutable struct timespec mtime_ ABSL_GUARDED_BY(mu_) = {};
-  mutable off_t size_ ABSL_GUARDED_BY(mu_) = -1;
-  mutable ino_t inode_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable Identity identity_ ABSL_GUARDED_BY(mu_);
 };
 
 // OK when `token` is null (no check) or the call carries `authorization: Bearer <token>`.

@@ -634,7 +634,7 @@ ucs_status_t UcxShardTransport::OnGatherReply(void* arg, const void* header, siz
 }
 
 absl::StatusOr<std::unique_ptr<ShardTransport::Pending>> UcxShardTransport::Start(
-    uint32_t server, const TableSpec& spec, const ReadBatch& batch, absl::Time /*deadline*/) {
+    uint32_t server, const TableSpec& spec, const ReadBatch& batch, absl::Time deadline) {
   if (server >= options_.num_servers) return absl::InvalidArgumentError("no such shard");
   auto pending = std::make_unique<UcxPending>();
   pending->server = server;
@@ -656,11 +656,14 @@ absl::StatusOr<std::unique_ptr<ShardTransport::Pending>> UcxShardTransport::Star
       break;
   }
   if (!op.ok()) {
-    // Gets already issued may still land in dst: flush them before reporting.
-    ucp_request_param_t flush{};
-    WaitLocked(ucp_ep_flush_nbx(servers_[server].ep, &flush), server,
-               absl::Now() + absl::Seconds(1), "flush")
-        .IgnoreError();
+    // Gets already issued may still land in dst: flush them before reporting (a gather that
+    // failed to start issued nothing). Within the read's deadline, sharing the lock meanwhile.
+    if (mode == UcxReadMode::kGet) {
+      ucp_request_param_t flush{};
+      WaitLocked(ucp_ep_flush_nbx(servers_[server].ep, &flush), server,
+                 std::min(deadline, absl::Now() + absl::Seconds(1)), "flush", /*share_lock=*/true)
+          .IgnoreError();
+    }
     return op.status();
   }
   pending->op = *op;
