@@ -202,8 +202,11 @@ int main(int argc, char** argv) {
   auto cluster = testing::ShardCluster::Start(cluster_options);
   if (!cluster.ok()) Die(cluster.status().ToString());
 
+  // The clocks serving_node/main.cc gives a node: the critical path's, the refiller's and memory
+  // manager's, and the shard client's probes'.
   RealClock clock;
-  RealClock probes;  // the shard client's probes wait on shards: not on the node's clock (main.cc)
+  RealClock background;
+  RealClock probes;
   shard::ShardClientSetup setup;
   setup.cluster = (*cluster)->config();
   setup.addresses = (*cluster)->addresses();
@@ -213,7 +216,7 @@ int main(int argc, char** argv) {
   auto client = shard::ConnectShardClient(setup, probes);
   if (!client.ok()) Die(client.status().ToString());
   serving::ShardRowSource source(**client);
-  auto stack = serving::NodeStack::Build(*config, source, 1, clock);
+  auto stack = serving::NodeStack::Build(*config, source, 1, clock, &background);
   if (!stack.ok()) Die(stack.status().ToString());
   serving::NodeStack& node = **stack;
   node.Start();

@@ -91,6 +91,7 @@ void RealClock::TimerLoop() {
     if (timers_.PopDue(now, &due)) {
       mu_.Unlock();
       due.fn();
+      due.fn = nullptr;  // its captures go now, outside the lock ScheduleAt and Cancel take
       const absl::Time end = absl::Now();
       mu_.Lock();
       const uint64_t lag =
