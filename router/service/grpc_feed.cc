@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "absl/cleanup/cleanup.h"
 #include "common/grpc_status.h"
 
 namespace hlem::router {
@@ -52,11 +53,8 @@ absl::Status GrpcResidencyFeed::Stream(
     uint64_t epoch, uint64_t from_seq,
     const std::function<bool(uint64_t, const std::vector<ResidencyEvent>&)>& on_batch) {
   grpc::ClientContext ctx;
-  {
-    absl::MutexLock lock(&mu_);
-    if (cancelled_) return absl::CancelledError("feed cancelled");
-    active_ = &ctx;
-  }
+  if (absl::Status st = Register(&ctx); !st.ok()) return st;
+  absl::Cleanup unregister = [this] { Unregister(); };
   v1::StreamResidencyRequest req;
   req.set_epoch(epoch);
   req.set_from_seq(from_seq);
@@ -79,10 +77,6 @@ absl::Status GrpcResidencyFeed::Stream(
     }
   }
   const grpc::Status st = reader->Finish();
-  {
-    absl::MutexLock lock(&mu_);
-    active_ = nullptr;
-  }
   if (stopped || st.error_code() == grpc::StatusCode::CANCELLED) return absl::OkStatus();
   return FromGrpcStatus(st);
 }
@@ -90,6 +84,10 @@ absl::Status GrpcResidencyFeed::Stream(
 absl::StatusOr<serving::ResidencySnapshot> GrpcResidencyFeed::Snapshot() {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  // Cancellable: a node dropped (NodeLinks::Leave) while its snapshot streams must not hold the
+  // membership poll, which waits for its link's thread, for the snapshot's 30 s.
+  if (absl::Status st = Register(&ctx); !st.ok()) return st;
+  absl::Cleanup unregister = [this] { Unregister(); };
   auto reader = admin_->Snapshot(&ctx, v1::SnapshotRequest());
   serving::ResidencySnapshot s;
   v1::SnapshotChunk chunk;
@@ -115,6 +113,18 @@ absl::StatusOr<serving::ResidencySnapshot> GrpcResidencyFeed::Snapshot() {
   if (!st.ok()) return FromGrpcStatus(st);
   if (first) return absl::InternalError("snapshot: no chunk");
   return s;
+}
+
+absl::Status GrpcResidencyFeed::Register(grpc::ClientContext* ctx) {
+  absl::MutexLock lock(&mu_);
+  if (cancelled_) return absl::CancelledError("feed cancelled");
+  active_ = ctx;
+  return absl::OkStatus();
+}
+
+void GrpcResidencyFeed::Unregister() {
+  absl::MutexLock lock(&mu_);
+  active_ = nullptr;
 }
 
 void GrpcResidencyFeed::Cancel() {

@@ -28,9 +28,14 @@ class GrpcResidencyFeed final : public ResidencyFeed {
       const std::function<bool(uint64_t, const std::vector<serving::ResidencyEvent>&)>& on_batch)
       override;
   absl::StatusOr<serving::ResidencySnapshot> Snapshot() override;
+  // Ends the call in progress (a stream, or a snapshot of up to 30 s) and refuses the next ones.
   void Cancel() override;
 
  private:
+  // Makes `ctx` the call Cancel ends while it is in scope; CANCELLED when Cancel came first.
+  absl::Status Register(grpc::ClientContext* ctx);
+  void Unregister();
+
   std::shared_ptr<hlem::v1::ServingNode::StubInterface> node_;
   std::shared_ptr<hlem::v1::ServingNodeAdmin::StubInterface> admin_;
   const std::string subscriber_;

@@ -1,6 +1,6 @@
 // The router's gRPC service in-process over a fake node (a gRPC server on loopback whose Infer
 // waits until released): the door limit (--max-in-flight) and the frontend token; over refusing
-// nodes, which refusals the router retries elsewhere.
+// nodes, which refusals the router retries elsewhere; and its residency feed's Cancel.
 #include "router/service/router_service.h"
 
 #include <atomic>
@@ -17,6 +17,7 @@
 #include "common/shed.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "router/service/grpc_feed.h"
 
 namespace hlem::router {
 namespace {
@@ -312,6 +313,42 @@ TEST(RouterRetryTest, RetriesStayWithinTheBudget) {
   EXPECT_EQ(s.requests, 4u);
   EXPECT_EQ(s.retries, 2u);
   EXPECT_EQ(s.over_budget, 2u);
+}
+
+// A node whose admin Snapshot never sends a chunk (a stalled node): it waits until the router
+// cancels the call, or 20 s.
+class StalledSnapshotNode final : public v1::ServingNodeAdmin::Service {
+ public:
+  grpc::Status Snapshot(grpc::ServerContext* context, const v1::SnapshotRequest*,
+                        grpc::ServerWriter<v1::SnapshotChunk>*) override {
+    started_.Notify();
+    const absl::Time give_up = absl::Now() + absl::Seconds(20);
+    while (!context->IsCancelled() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "stalled");
+  }
+  absl::Notification started_;
+};
+
+// Cancel ends a snapshot in progress: a node dropped while its snapshot streams (NodeLinks::Leave
+// cancels the feed, then joins its thread on the membership poll's thread) used to hold the poll
+// for the snapshot's 30 s deadline, as only streams could be cancelled.
+TEST(GrpcResidencyFeedTest, CancelEndsASnapshotInProgress) {
+  StalledSnapshotNode admin;
+  auto server = GrpcServer::Create({.listen = "127.0.0.1:0"}, {&admin});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto channel = MakeChannel(absl::StrCat("127.0.0.1:", (*server)->port()));
+  GrpcResidencyFeed feed(v1::ServingNode::NewStub(channel), v1::ServingNodeAdmin::NewStub(channel),
+                         "test");
+  absl::Status snapshot;
+  std::thread call([&] { snapshot = feed.Snapshot().status(); });
+  ASSERT_TRUE(admin.started_.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  const absl::Time cancelled = absl::Now();
+  feed.Cancel();
+  call.join();
+  EXPECT_LT(absl::Now() - cancelled, absl::Seconds(2));
+  EXPECT_EQ(snapshot.code(), absl::StatusCode::kCancelled) << snapshot;
+  // And the feed refuses calls after Cancel.
+  EXPECT_EQ(feed.Snapshot().status().code(), absl::StatusCode::kCancelled);
 }
 
 }  // namespace
