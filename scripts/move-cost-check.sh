@@ -78,7 +78,7 @@ push() {  # push ARM: α to every node at each window start until killed
   done
 }
 
-scrape_timers() {  # the nodes' timer punctuality (hlem_node_timer*), summed over the nodes
+scrape_timers() {  # the nodes' critical clocks' punctuality (hlem_node_timer*), summed over the nodes
   local f port
   for f in "$run_dir"/node-*.ports; do
     port=$(sed -n 's/^metrics=//p' "$f")
@@ -86,12 +86,12 @@ scrape_timers() {  # the nodes' timer punctuality (hlem_node_timer*), summed ove
     # /metrics over bash's /dev/tcp: a fresh machine need not have curl
     { exec 3<>"/dev/tcp/127.0.0.1/$port" && printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3 && cat <&3; exec 3<&-; } 2>/dev/null || true
   done | awk '
-    $1 == "hlem_node_timers_total" { n += $2 }
-    $1 == "hlem_node_timers_late_total{by=\"1ms\"}" { l1 += $2 }
-    $1 == "hlem_node_timers_late_total{by=\"10ms\"}" { l10 += $2 }
-    $1 == "hlem_node_timer_lag_seconds_total" { lag += $2 }
-    $1 == "hlem_node_timer_max_lag_seconds" && $2 > max { max = $2 }
-    $1 == "hlem_node_timer_busy_seconds_total" { busy += $2 }
+    $1 == "hlem_node_timers_total{clock=\"critical\"}" { n += $2 }
+    $1 == "hlem_node_timers_late_total{by=\"1ms\",clock=\"critical\"}" { l1 += $2 }
+    $1 == "hlem_node_timers_late_total{by=\"10ms\",clock=\"critical\"}" { l10 += $2 }
+    $1 == "hlem_node_timer_lag_seconds_total{clock=\"critical\"}" { lag += $2 }
+    $1 == "hlem_node_timer_max_lag_seconds{clock=\"critical\"}" && $2 > max { max = $2 }
+    $1 == "hlem_node_timer_busy_seconds_total{clock=\"critical\"}" { busy += $2 }
     END { if (n == 0) print "node timers: n/a (no hlem_node_timers_total)"
           else printf "node timers: %d run, %d late >= 1 ms, %d late >= 10 ms, mean lag %.3f ms, max %.1f ms, %.1f s inside timers\n", n, l1, l10, 1e3 * lag / n, 1e3 * max, busy }'
 }

@@ -198,8 +198,11 @@ int main(int argc, char** argv) {
   service->SetAdminPort(static_cast<uint32_t>((*server)->admin_port()));
 
   // Gauges and cumulative counters into Prometheus once a second.
-  auto refresher = std::make_unique<hlem::PeriodicThread>(
-      absl::Seconds(1), [&] { metrics.Refresh(*s.node, clock.Stats()); });
+  auto refresher = std::make_unique<hlem::PeriodicThread>(absl::Seconds(1), [&] {
+    metrics.Refresh(*s.node, {{"critical", clock.Stats()},
+                              {"background", background.Stats()},
+                              {"probes", probes.Stats()}});
+  });
 
   hlem::WritePortsFile(ports_file, {{"grpc", (*server)->port()},
                                     {"admin", (*server)->admin_port()},

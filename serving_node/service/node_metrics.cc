@@ -83,25 +83,22 @@ NodeMetrics::NodeMetrics(MetricsRegistry& r, double slo_seconds)
                               "Link busy time / window length, last closed window")
                             .Add({})),
       timers_(Counter(r, "hlem_node_timers_total",
-                      "Timers run on the node's clock (link completions, windows, load reports)")
-                  .Add({})),
+                      "Timers run on the node's clock `clock` (critical: link completions, "
+                      "windows, load reports; background: refill, memory manager; probes: the "
+                      "shard client's probes)")),
       timers_late_(Counter(r, "hlem_node_timers_late_total",
-                           "Timers of the node's clock that ran at least `by` after their time")),
-      timers_late_1ms_(&timers_late_.Add({{"by", "1ms"}})),
-      timers_late_10ms_(&timers_late_.Add({{"by", "10ms"}})),
+                           "Timers of the node's clock `clock` that ran at least `by` after their "
+                           "time")),
       timer_lag_(Counter(r, "hlem_node_timer_lag_seconds_total",
-                         "Total time the node's timers ran after their time")
-                     .Add({})),
-      timer_max_lag_(Gauge(r, "hlem_node_timer_max_lag_seconds",
-                           "The largest lag of a timer of the node's clock since the start")
-                         .Add({})),
+                         "Total time the timers of the node's clock `clock` ran after their time")),
+      timer_max_lag_(
+          Gauge(r, "hlem_node_timer_max_lag_seconds",
+                "The largest lag of a timer of the node's clock `clock` since the start")),
       timer_busy_(Counter(r, "hlem_node_timer_busy_seconds_total",
-                          "Time the node's timer thread spent inside timers (lag with little "
-                          "busy time is CPU contention, not a long timer)")
-                      .Add({})),
+                          "Time the timer thread of the node's clock `clock` spent inside timers "
+                          "(lag with little busy time is CPU contention, not a long timer)")),
       timer_max_callback_(Gauge(r, "hlem_node_timer_max_callback_seconds",
-                                "The longest timer of the node's clock since the start")
-                              .Add({})) {}
+                                "The longest timer of the node's clock `clock` since the start")) {}
 
 void NodeMetrics::ObserveAnswer(const NodeAnswer& a) {
   requests_.Add({{"code", absl::StatusCodeToString(a.code)}}).Increment();
@@ -122,7 +119,7 @@ void NodeMetrics::ObserveAnswer(const NodeAnswer& a) {
 
 void NodeMetrics::ObserveBatch(size_t requests) { batch_.Observe(static_cast<double>(requests)); }
 
-void NodeMetrics::Refresh(const Node& node, const TimerStats& timers) {
+void NodeMetrics::Refresh(const Node& node, const std::vector<Clock>& clocks) {
   const NodeGaugesNow g = node.Gauges();
   cache_bytes_.Add({{"owner", "kv"}}).Set(static_cast<double>(g.kv_bytes));
   cache_bytes_.Add({{"owner", "emb"}}).Set(static_cast<double>(g.emb_bytes));
@@ -141,14 +138,19 @@ void NodeMetrics::Refresh(const Node& node, const TimerStats& timers) {
       node.parts().refiller != nullptr ? node.parts().refiller->GetStats().bytes_refilled : 0;
   const std::vector<NodeWindow> last = node.Windows(1);
   if (!last.empty()) link_utilization_.Set(last.back().link_utilization_ratio);
-  timer_max_lag_.Set(static_cast<double>(timers.max_lag_ns) * 1e-9);
-  timer_max_callback_.Set(static_cast<double>(timers.max_callback_ns) * 1e-9);
   absl::MutexLock lock(&mu_);
-  Advance(timers_, timers.timers, &last_timers_.timers);
-  Advance(*timers_late_1ms_, timers.late_1ms, &last_timers_.late_1ms);
-  Advance(*timers_late_10ms_, timers.late_10ms, &last_timers_.late_10ms);
-  Advance(timer_lag_, timers.lag_ns, &last_timers_.lag_ns, 1e-9);
-  Advance(timer_busy_, timers.busy_ns, &last_timers_.busy_ns, 1e-9);
+  for (const Clock& c : clocks) {
+    const TimerStats& t = c.stats;
+    const prometheus::Labels labels = {{"clock", c.name}};
+    timer_max_lag_.Add(labels).Set(static_cast<double>(t.max_lag_ns) * 1e-9);
+    timer_max_callback_.Add(labels).Set(static_cast<double>(t.max_callback_ns) * 1e-9);
+    TimerStats& last = last_timers_[c.name];
+    Advance(timers_.Add(labels), t.timers, &last.timers);
+    Advance(timers_late_.Add({{"clock", c.name}, {"by", "1ms"}}), t.late_1ms, &last.late_1ms);
+    Advance(timers_late_.Add({{"clock", c.name}, {"by", "10ms"}}), t.late_10ms, &last.late_10ms);
+    Advance(timer_lag_.Add(labels), t.lag_ns, &last.lag_ns, 1e-9);
+    Advance(timer_busy_.Add(labels), t.busy_ns, &last.busy_ns, 1e-9);
+  }
   Advance(refill_bytes_, refilled, &last_refill_bytes_);
   Advance(link_busy_, d.link_busy_ns, &last_busy_ns_, 1e-9);
   for (int p = 0; p < kNumCopyPurposes; ++p) {

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "common/metrics.h"
@@ -27,8 +28,15 @@ class NodeMetrics {
   NodeMetrics(MetricsRegistry& registry, double slo_seconds);
   void ObserveAnswer(const NodeAnswer& answer);
   void ObserveBatch(size_t requests);
-  // Samples the node's gauges and cumulative counters, and its clock's timer statistics.
-  void Refresh(const Node& node, const TimerStats& timers);
+  // One of the node's clocks, by name: "critical" (the link's completions, windows, load
+  // reports), "background" (refill, memory manager), "probes" (the shard client's probes).
+  struct Clock {
+    std::string name;
+    TimerStats stats;
+  };
+  // Samples the node's gauges and cumulative counters, and its clocks' timer statistics (the
+  // hlem_node_timer* families, labelled clock=<name>).
+  void Refresh(const Node& node, const std::vector<Clock>& clocks);
 
  private:
   prometheus::Family<prometheus::Counter>& requests_;
@@ -62,20 +70,18 @@ class NodeMetrics {
   prometheus::Counter& link_busy_;
   prometheus::Family<prometheus::Counter>& link_bytes_;
   prometheus::Gauge& link_utilization_;
-  prometheus::Counter& timers_;
+  prometheus::Family<prometheus::Counter>& timers_;
   prometheus::Family<prometheus::Counter>& timers_late_;
-  prometheus::Counter* timers_late_1ms_;
-  prometheus::Counter* timers_late_10ms_;
-  prometheus::Counter& timer_lag_;
-  prometheus::Gauge& timer_max_lag_;
-  prometheus::Counter& timer_busy_;
-  prometheus::Gauge& timer_max_callback_;
+  prometheus::Family<prometheus::Counter>& timer_lag_;
+  prometheus::Family<prometheus::Gauge>& timer_max_lag_;
+  prometheus::Family<prometheus::Counter>& timer_busy_;
+  prometheus::Family<prometheus::Gauge>& timer_max_callback_;
 
   absl::Mutex mu_;  // the last cumulative values seen by Refresh
   uint64_t last_refill_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t last_busy_ns_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t last_link_bytes_[kNumCopyPurposes] ABSL_GUARDED_BY(mu_) = {};
-  TimerStats last_timers_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, TimerStats> last_timers_ ABSL_GUARDED_BY(mu_);  // by clock
 };
 
 }  // namespace hlem::serving
