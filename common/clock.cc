@@ -138,6 +138,7 @@ void SimClock::AdvanceTo(absl::Time when) {
     now_ = std::max(now_, due.when);
     mu_.Unlock();
     due.fn();
+    due.fn = nullptr;  // its captures go now, outside the lock
     mu_.Lock();
   }
   now_ = std::max(now_, when);

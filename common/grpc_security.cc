@@ -168,13 +168,15 @@ std::string TokenFile::Get() const {
   {
     absl::MutexLock lock(&mu_);
     const absl::Time now = absl::Now();
-    if (now < next_check_) return token_;
+    if (reading_ || now < next_check_) return token_;
     // This call re-reads the file; the others meanwhile answer with the last token.
-    next_check_ = now + recheck_;
+    reading_ = true;
     seen = identity_;
   }
   absl::StatusOr<std::optional<Loaded>> loaded = ReadIfChanged(seen);
   absl::MutexLock lock(&mu_);
+  reading_ = false;
+  next_check_ = absl::Now() + recheck_;
   if (!loaded.ok()) {
     GetLogger("grpc")->warn("token_reload_failed file={} keeping=last_good error={}", path_,
                             std::string(loaded.status().message()));

@@ -105,6 +105,9 @@ class TokenFile {
   mutable std::string token_ ABSL_GUARDED_BY(mu_);
   mutable absl::Time next_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   mutable Identity identity_ ABSL_GUARDED_BY(mu_);
+  // A call is re-reading the file: the others answer with the last token meanwhile (one reader at
+  // a time, so a slow read cannot apply an older content over a newer one).
+  mutable bool reading_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // OK when `token` is null (no check) or the call carries `authorization: Bearer <token>`.

@@ -498,19 +498,28 @@ absl::StatusOr<uint64_t> UcxShardTransport::StartGetsLocked(uint32_t server, con
   const std::vector<const Region*> regions = RegionsOf(s, spec);
   std::vector<uint32_t> scratch;
   const std::span<const uint32_t> partitions = PartitionsOf(spec, batch, &scratch);
+  // Every row's region first: a row this server does not hold is refused before any get is
+  // issued, so nothing is left writing into dst.
+  for (size_t i = 0; i < batch.rows.size(); ++i) {
+    if (regions[partitions[i]] == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("row ", batch.rows[i], " of table ", spec.id,
+                                                     " is not held by shard ", server));
+    }
+  }
   ucp_request_param_t param{};
   for (size_t i = 0; i < batch.rows.size(); ++i) {
     const Region* r = regions[partitions[i]];
     const uint64_t remote =
-        r == nullptr
-            ? 0
-            : r->info.base_address + (batch.slots[i] - r->info.first_slot) * r->info.stride_bytes;
-    if (r == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("row ", batch.rows[i], " of table ", spec.id,
-                                                     " is not held by shard ", server));
-    }
+        r->info.base_address + (batch.slots[i] - r->info.first_slot) * r->info.stride_bytes;
     void* req = ucp_get_nbx(s.ep, batch.dst[i], row_bytes, remote, r->rkey, &param);
-    if (UCS_PTR_IS_ERR(req)) return UcsToStatus(UCS_PTR_STATUS(req), "ucp_get_nbx");
+    if (UCS_PTR_IS_ERR(req)) {
+      // The gets already issued may still land in dst: flush them before reporting (a UCX
+      // failure, rare; the lock stays held, so the endpoint cannot change meanwhile).
+      ucp_request_param_t flush{};
+      WaitLocked(ucp_ep_flush_nbx(s.ep, &flush), server, absl::Now() + absl::Seconds(1), "flush")
+          .IgnoreError();
+      return UcsToStatus(UCS_PTR_STATUS(req), "ucp_get_nbx");
+    }
     if (req != nullptr) ucp_request_free(req);  // completion is tracked by the flush below
   }
   const uint64_t op_id = NewOpLocked(server);
@@ -634,7 +643,7 @@ ucs_status_t UcxShardTransport::OnGatherReply(void* arg, const void* header, siz
 }
 
 absl::StatusOr<std::unique_ptr<ShardTransport::Pending>> UcxShardTransport::Start(
-    uint32_t server, const TableSpec& spec, const ReadBatch& batch, absl::Time deadline) {
+    uint32_t server, const TableSpec& spec, const ReadBatch& batch, absl::Time /*deadline*/) {
   if (server >= options_.num_servers) return absl::InvalidArgumentError("no such shard");
   auto pending = std::make_unique<UcxPending>();
   pending->server = server;
@@ -655,17 +664,7 @@ absl::StatusOr<std::unique_ptr<ShardTransport::Pending>> UcxShardTransport::Star
       op = StartGetsLocked(server, spec, batch);
       break;
   }
-  if (!op.ok()) {
-    // Gets already issued may still land in dst: flush them before reporting (a gather that
-    // failed to start issued nothing). Within the read's deadline, sharing the lock meanwhile.
-    if (mode == UcxReadMode::kGet) {
-      ucp_request_param_t flush{};
-      WaitLocked(ucp_ep_flush_nbx(servers_[server].ep, &flush), server,
-                 std::min(deadline, absl::Now() + absl::Seconds(1)), "flush", /*share_lock=*/true)
-          .IgnoreError();
-    }
-    return op.status();
-  }
+  if (!op.ok()) return op.status();  // nothing left writing into dst (StartGetsLocked)
   pending->op = *op;
   return pending;
 }

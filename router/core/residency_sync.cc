@@ -18,6 +18,7 @@ void ResidencySync::Step() {
   if (snapshot) {
     absl::StatusOr<serving::ResidencySnapshot> s = feed_.Snapshot();
     absl::MutexLock lock(&mu_);
+    if (absl::IsCancelled(s.status())) return;  // Stop() ended it: the node is being dropped
     if (!s.ok()) {
       cluster_.SetUnreachable(node_);
       ++stats_.failures;

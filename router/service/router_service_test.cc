@@ -341,10 +341,11 @@ TEST(GrpcResidencyFeedTest, CancelEndsASnapshotInProgress) {
                          "test");
   absl::Status snapshot;
   std::thread call([&] { snapshot = feed.Snapshot().status(); });
-  ASSERT_TRUE(admin.started_.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  const bool started = admin.started_.WaitForNotificationWithTimeout(absl::Seconds(10));
   const absl::Time cancelled = absl::Now();
   feed.Cancel();
   call.join();
+  ASSERT_TRUE(started);
   EXPECT_LT(absl::Now() - cancelled, absl::Seconds(2));
   EXPECT_EQ(snapshot.code(), absl::StatusCode::kCancelled) << snapshot;
   // And the feed refuses calls after Cancel.

@@ -119,7 +119,7 @@ void NodeMetrics::ObserveAnswer(const NodeAnswer& a) {
 
 void NodeMetrics::ObserveBatch(size_t requests) { batch_.Observe(static_cast<double>(requests)); }
 
-void NodeMetrics::Refresh(const Node& node, const std::vector<Clock>& clocks) {
+void NodeMetrics::Refresh(const Node& node, const std::vector<ClockStats>& clocks) {
   const NodeGaugesNow g = node.Gauges();
   cache_bytes_.Add({{"owner", "kv"}}).Set(static_cast<double>(g.kv_bytes));
   cache_bytes_.Add({{"owner", "emb"}}).Set(static_cast<double>(g.emb_bytes));
@@ -139,7 +139,7 @@ void NodeMetrics::Refresh(const Node& node, const std::vector<Clock>& clocks) {
   const std::vector<NodeWindow> last = node.Windows(1);
   if (!last.empty()) link_utilization_.Set(last.back().link_utilization_ratio);
   absl::MutexLock lock(&mu_);
-  for (const Clock& c : clocks) {
+  for (const ClockStats& c : clocks) {
     const TimerStats& t = c.stats;
     const prometheus::Labels labels = {{"clock", c.name}};
     timer_max_lag_.Add(labels).Set(static_cast<double>(t.max_lag_ns) * 1e-9);

@@ -9,6 +9,8 @@
 // Thread-safe.
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
@@ -30,13 +32,13 @@ class NodeMetrics {
   void ObserveBatch(size_t requests);
   // One of the node's clocks, by name: "critical" (the link's completions, windows, load
   // reports), "background" (refill, memory manager), "probes" (the shard client's probes).
-  struct Clock {
+  struct ClockStats {
     std::string name;
     TimerStats stats;
   };
   // Samples the node's gauges and cumulative counters, and its clocks' timer statistics (the
   // hlem_node_timer* families, labelled clock=<name>).
-  void Refresh(const Node& node, const std::vector<Clock>& clocks);
+  void Refresh(const Node& node, const std::vector<ClockStats>& clocks);
 
  private:
   prometheus::Family<prometheus::Counter>& requests_;
