@@ -6,6 +6,7 @@
 
 #include <arpa/inet.h>
 #include <algorithm>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -16,6 +17,12 @@
 #include "absl/strings/strip.h"
 
 namespace hlem {
+namespace {
+
+// Peers a membership poll probes at once.
+constexpr size_t kParallelProbes = 16;
+
+}  // namespace
 
 std::string StaticResolver::target() const { return absl::StrJoin(addresses_, ","); }
 
@@ -105,11 +112,18 @@ void Membership::Poll() {
     ++stats_.resolve_failures;
     return;
   }
-  // Probe outside the lock (probes block up to the timeout).
-  std::vector<absl::Status> health;
-  health.reserve(resolved->size());
-  for (const std::string& address : *resolved) {
-    health.push_back(probe_.Check(address, options_.probe_timeout));
+  // Probe outside the lock (probes block up to the timeout), up to kParallelProbes at once: one
+  // after the other, every dead peer delayed the others' joins and leaves by a whole timeout.
+  std::vector<absl::Status> health(resolved->size());
+  for (size_t begin = 0; begin < resolved->size(); begin += kParallelProbes) {
+    const size_t end = std::min(resolved->size(), begin + kParallelProbes);
+    std::vector<std::thread> probes;
+    for (size_t i = begin + 1; i < end; ++i) {
+      probes.emplace_back(
+          [&, i] { health[i] = probe_.Check((*resolved)[i], options_.probe_timeout); });
+    }
+    health[begin] = probe_.Check((*resolved)[begin], options_.probe_timeout);
+    for (std::thread& t : probes) t.join();
   }
   {
     absl::MutexLock lock(&mu_);

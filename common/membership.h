@@ -72,7 +72,8 @@ absl::StatusOr<std::unique_ptr<AddressResolver>> MakeResolver(const std::string&
 class HealthProbe {
  public:
   virtual ~HealthProbe() = default;
-  // OK when the peer at `address` serves; any error otherwise.
+  // OK when the peer at `address` serves; any error otherwise. Called from several threads at
+  // once (a poll probes its peers in parallel).
   virtual absl::Status Check(const std::string& address, absl::Duration timeout) = 0;
 };
 

@@ -118,6 +118,34 @@ TEST_F(MembershipTest, StartPollsOnItsOwnThread) {
   EXPECT_EQ(membership_->Members(), std::vector<std::string>{"a:1"});
 }
 
+// Dead peers (a probe that waits out its timeout) are probed at once, not one after the other:
+// six peers, four dead (200 ms each) — a poll took 800 ms, now about one timeout.
+TEST(MembershipParallelTest, DeadPeersAreProbedAtOnce) {
+  class SlowProbe final : public HealthProbe {
+   public:
+    absl::Status Check(const std::string& address, absl::Duration timeout) override {
+      if (address.rfind("dead", 0) != 0) return absl::OkStatus();
+      absl::SleepFor(timeout);
+      return absl::DeadlineExceededError("no answer");
+    }
+  };
+  FakeResolver resolver;
+  resolver.addresses = {"dead-1:1", "live-1:1", "dead-2:1", "dead-3:1", "live-2:1", "dead-4:1"};
+  SlowProbe probe;
+  Changes changes;
+  auto membership = Membership::Create({.probe_timeout = absl::Milliseconds(200)}, resolver, probe,
+                                       [&](const std::string& a, bool joined) {
+                                         changes.emplace_back(a, joined);
+                                         return true;
+                                       });
+  ASSERT_TRUE(membership.ok()) << membership.status();
+  const absl::Time start = absl::Now();
+  (*membership)->Poll();
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_LT(took, absl::Milliseconds(600));
+  EXPECT_EQ(changes, (Changes{{"live-1:1", true}, {"live-2:1", true}}));  // in address order
+}
+
 TEST(MembershipOptionsTest, RejectsBadOptions) {
   FakeResolver r;
   FakeProbe p;
