@@ -167,10 +167,16 @@ std::string TokenFile::Get() const {
   Identity seen;
   {
     absl::MutexLock lock(&mu_);
-    const absl::Time now = absl::Now();
-    if (reading_ || now < next_check_) return token_;
-    // This call re-reads the file; the others meanwhile answer with the last token.
-    reading_ = true;
+    if (reading_) {
+      // Another call is re-reading the file: wait for its token (a rotated token must not be
+      // accepted once the re-read is due), but not forever — a file system that hangs leaves the
+      // last good token in force, and costs each call at most kReadWait.
+      auto read = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !reading_; };
+      mu_.AwaitWithTimeout(absl::Condition(&read), kReadWait);
+      return token_;
+    }
+    if (absl::Now() < next_check_) return token_;
+    reading_ = true;  // this call re-reads the file, without the lock
     seen = identity_;
   }
   absl::StatusOr<std::optional<Loaded>> loaded = ReadIfChanged(seen);

@@ -105,9 +105,10 @@ class TokenFile {
   mutable std::string token_ ABSL_GUARDED_BY(mu_);
   mutable absl::Time next_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   mutable Identity identity_ ABSL_GUARDED_BY(mu_);
-  // A call is re-reading the file: the others answer with the last token meanwhile (one reader at
-  // a time, so a slow read cannot apply an older content over a newer one).
+  // A call is re-reading the file (one at a time, so a slow read cannot apply an older content
+  // over a newer one); the others wait for it up to kReadWait, then answer with the last token.
   mutable bool reading_ ABSL_GUARDED_BY(mu_) = false;
+  static constexpr absl::Duration kReadWait = absl::Seconds(1);
 };
 
 // OK when `token` is null (no check) or the call carries `authorization: Bearer <token>`.
