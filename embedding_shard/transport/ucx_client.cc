@@ -366,9 +366,9 @@ void UcxShardTransport::ShareLockBriefly() {
   Relock();
 }
 
-void UcxShardTransport::Relock() {
-  // Counted like any waiter: a thread taking the lock back may be a read that another thread's
-  // long wait must let in.
+void UcxShardTransport::Relock() const {
+  // Counted while waiting: a thread taking the lock (or taking it back) may be a read that another
+  // thread's long wait must let in.
   contenders_.fetch_add(1, std::memory_order_relaxed);
   mu_.Lock();
   contenders_.fetch_sub(1, std::memory_order_relaxed);

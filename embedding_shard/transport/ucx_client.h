@@ -107,9 +107,7 @@ class UcxShardTransport final : public ShardTransport {
   class ABSL_SCOPED_LOCKABLE WorkerLock {
    public:
     explicit WorkerLock(const UcxShardTransport* t) ABSL_EXCLUSIVE_LOCK_FUNCTION(t->mu_) : t_(t) {
-      t_->contenders_.fetch_add(1, std::memory_order_relaxed);
-      t_->mu_.Lock();
-      t_->contenders_.fetch_sub(1, std::memory_order_relaxed);
+      t_->Relock();
     }
     ~WorkerLock() ABSL_UNLOCK_FUNCTION() { t_->mu_.Unlock(); }
     WorkerLock(const WorkerLock&) = delete;
@@ -142,8 +140,8 @@ class UcxShardTransport final : public ShardTransport {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Lets other threads take the lock for a moment (between two progress calls of a long wait).
   void ShareLockBriefly() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Takes mu_ back after this thread let it go, counted in contenders_ meanwhile.
-  void Relock() ABSL_EXCLUSIVE_LOCK_FUNCTION(mu_);
+  // Takes mu_ (first, or back after this thread let it go), counted in contenders_ meanwhile.
+  void Relock() const ABSL_EXCLUSIVE_LOCK_FUNCTION(mu_);
   // Region of every partition of `spec` on server `s` (null where it holds none), looked up once
   // per batch so the per-row work is an index and a multiply.
   std::vector<const Region*> RegionsOf(const Server& s, const TableSpec& spec) const;
