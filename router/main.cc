@@ -4,6 +4,7 @@
 // leaves at run time), residency subscriptions, service, signals.
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -27,6 +28,7 @@
 #include "common/request_limits.h"
 #include "grpcpp/client_context.h"
 #include "router/core/cluster.h"
+#include "router/core/concurrency_limit.h"
 #include "router/service/node_links.h"
 #include "router/service/router_metrics.h"
 #include "router/service/router_service.h"
@@ -120,6 +122,23 @@ int main(int argc, char** argv) {
   app.add_option("--max-in-flight", max_in_flight,
                  "Recommend calls handled at once; beyond, RESOURCE_EXHAUSTED at once (0 = no "
                  "limit)");
+  bool adaptive_in_flight = false;
+  hlem::router::ConcurrencyLimitOptions limit_options;
+  CLI::Option* adaptive_flag = app.add_flag(
+      "--adaptive-in-flight", adaptive_in_flight,
+      "limit the Recommend calls in flight adaptively: to what keeps their latency within "
+      "--adaptive-tolerance × their latency at low concurrency (at most "
+      "--adaptive-min-in-flight calls in flight); beyond, RESOURCE_EXHAUSTED at once. "
+      "--max-in-flight, when set, caps it (docs/router.md)");
+  app.add_option("--adaptive-tolerance", limit_options.tolerance,
+                 "latency allowed by --adaptive-in-flight, as a multiple of the unloaded latency")
+      ->check(CLI::Range(1.0, 1000.0))
+      ->needs(adaptive_flag);
+  app.add_option("--adaptive-min-in-flight", limit_options.min_limit,
+                 "the adaptive limit's floor, and the calls in flight its unloaded latency is "
+                 "measured at (raise it where the normal load keeps more calls in flight)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->needs(adaptive_flag);
   app.add_option("--seed", seed, "tie-breaking seed");
   app.add_option("--startup-timeout-s", startup_timeout_s, "wait this long for the nodes");
   double slo_ms = 25;
@@ -161,6 +180,38 @@ int main(int argc, char** argv) {
   }
 
   hlem::RealClock clock;
+  // Checked before the nodes are waited for: a bad combination of flags fails at once.
+  std::unique_ptr<hlem::router::ConcurrencyLimit> concurrency_limit;
+  if (adaptive_in_flight) {
+    // --max-in-flight becomes the adaptive limit's ceiling (one count of the calls in flight),
+    // and so do the gRPC server's threads: beyond them gRPC refuses, and a limit above what can
+    // be in flight would never be reached, so never shrink.
+    const char* ceiling = "the default maximum";
+    if (max_in_flight > 0) {
+      limit_options.max_limit = max_in_flight;
+      ceiling = "--max-in-flight";
+      max_in_flight = 0;
+    }
+    if (grpc_max_threads > 0 && static_cast<uint32_t>(grpc_max_threads) < limit_options.max_limit) {
+      limit_options.max_limit = static_cast<uint32_t>(grpc_max_threads);
+      ceiling = "--grpc-max-threads";
+    }
+    if (limit_options.max_limit < limit_options.min_limit) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--adaptive-min-in-flight: ", limit_options.min_limit, " is above ", ceiling,
+                       " (", limit_options.max_limit, ")")));
+    }
+    limit_options.initial_limit =
+        std::clamp(limit_options.initial_limit, limit_options.min_limit, limit_options.max_limit);
+    if (const absl::Status st = hlem::router::ConcurrencyLimit::Validate(limit_options); !st.ok()) {
+      return Fail(st);
+    }
+    concurrency_limit = std::make_unique<hlem::router::ConcurrencyLimit>(limit_options, clock);
+    log->info("adaptive_in_flight min={} max={} initial={} tolerance={} percentile={}",
+              limit_options.min_limit, limit_options.max_limit, limit_options.initial_limit,
+              limit_options.tolerance, limit_options.percentile);
+  }
+
   // The cluster's feature tables (their residency shard sizes) from the first node that answers;
   // every node that joins later must have the same.
   absl::StatusOr<v1::NodeInfo> first = absl::UnavailableError("no node resolved");
@@ -221,6 +272,7 @@ int main(int argc, char** argv) {
                                            .retry = retry,
                                            .retry_budget = retry_budget,
                                            .max_in_flight = max_in_flight,
+                                           .concurrency_limit = concurrency_limit.get(),
                                            .calibrator = calibrator.get(),
                                            .frontend_token = frontend_token->get()},
                                           **cluster, &metrics);
@@ -275,6 +327,19 @@ int main(int argc, char** argv) {
       }
     }
     metrics.Refresh(**cluster);
+    if (concurrency_limit != nullptr) {
+      const hlem::router::ConcurrencyLimitStats s = concurrency_limit->Stats();
+      if (metrics.RefreshLimit(s) > 0) {
+        log->warn(
+            "adaptive_in_flight_forced_baseline baseline_ms={:.3f}: the router was busy (no call "
+            "started with fewer than {} in flight) for {} s ({} s before the first baseline); "
+            "calls beyond {} are refused until {} have run uncrowded",
+            absl::ToDoubleMilliseconds(s.baseline), limit_options.min_limit,
+            absl::ToDoubleSeconds(limit_options.rebaseline_every),
+            absl::ToDoubleSeconds(limit_options.first_baseline_within), limit_options.min_limit,
+            limit_options.baseline_samples);
+      }
+    }
   });
 
   hlem::WaitForShutdownSignal(**server);

@@ -75,7 +75,27 @@ RouterMetrics::RouterMetrics(MetricsRegistry& r, PolicyKind policy, double slo_s
               .Add({})),
       weights_(Build<prometheus::Gauge>(
           r, "hlem_router_weight",
-          "The scorer's weights w_kv, w_emb, w_ld (configured, or calibrated online)")) {
+          "The scorer's weights w_kv, w_emb, w_ld (configured, or calibrated online)")),
+      in_flight_limit_(Build<prometheus::Gauge>(
+                           r, "hlem_router_in_flight_limit",
+                           "The adaptive limit on Recommend calls in flight (--adaptive-in-flight)")
+                           .Add({})),
+      in_flight_baseline_(Build<prometheus::Gauge>(r, "hlem_router_in_flight_baseline_seconds",
+                                                   "The unloaded latency the adaptive limit "
+                                                   "allows a multiple of (0 until measured)")
+                              .Add({})),
+      measuring_baseline_(
+          Build<prometheus::Gauge>(r, "hlem_router_in_flight_measuring_baseline",
+                                   "1 while the adaptive limit measures the unloaded latency")
+              .Add({})),
+      in_flight_refused_(Build<prometheus::Counter>(r, "hlem_router_in_flight_refused_total",
+                                                    "Recommend calls the adaptive limit refused")
+                             .Add({})),
+      forced_baselines_(
+          Build<prometheus::Counter>(r, "hlem_router_in_flight_forced_baselines_total",
+                                     "Phases at the adaptive limit's minimum to measure the "
+                                     "unloaded latency (the router busy for too long)")
+              .Add({})) {
   Build<prometheus::Gauge>(r, "hlem_router_slo_seconds",
                            "The latency objective SLO attainment is counted against")
       .Add({})
@@ -101,6 +121,18 @@ void RouterMetrics::ObserveRecommend(int code, double seconds) {
       .Increment();
   request_latency_.Observe(seconds);
   (code == 0 && seconds <= slo_seconds_ ? slo_met_ : slo_missed_)->Increment();
+}
+
+uint64_t RouterMetrics::RefreshLimit(const ConcurrencyLimitStats& s) {
+  absl::MutexLock lock(&mu_);
+  in_flight_refused_.Increment(static_cast<double>(s.refused - limit_seen_.refused));
+  const uint64_t forced = s.forced_baselines - limit_seen_.forced_baselines;
+  forced_baselines_.Increment(static_cast<double>(forced));
+  limit_seen_ = s;
+  in_flight_limit_.Set(s.limit);
+  in_flight_baseline_.Set(absl::ToDoubleSeconds(s.baseline));
+  measuring_baseline_.Set(s.measuring_baseline ? 1 : 0);
+  return forced;
 }
 
 void RouterMetrics::Refresh(const Cluster& cluster) {

@@ -19,6 +19,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "router/core/cluster.h"
+#include "router/core/concurrency_limit.h"
 
 namespace hlem::router {
 
@@ -30,6 +31,9 @@ class RouterMetrics {
   // A failed attempt that RetryElsewhere allowed: sent, or held back by the retry budget.
   void ObserveRetry(bool sent);
   void Refresh(const Cluster& cluster);
+  // The adaptive limit on calls in flight, when the router runs one (--adaptive-in-flight);
+  // returns the phases at its minimum begun since the last call (the caller logs them).
+  uint64_t RefreshLimit(const ConcurrencyLimitStats& s);
 
  private:
   const std::string policy_;
@@ -56,8 +60,14 @@ class RouterMetrics {
   prometheus::Gauge& profiles_;
   prometheus::Gauge& index_bytes_;
   prometheus::Family<prometheus::Gauge>& weights_;
-  absl::Mutex mu_;                                       // one Refresh at a time
-  std::vector<std::string> shown_ ABSL_GUARDED_BY(mu_);  // node ids with gauges
+  prometheus::Gauge& in_flight_limit_;
+  prometheus::Gauge& in_flight_baseline_;
+  prometheus::Gauge& measuring_baseline_;
+  prometheus::Counter& in_flight_refused_;
+  prometheus::Counter& forced_baselines_;
+  absl::Mutex mu_;                                         // one Refresh at a time
+  ConcurrencyLimitStats limit_seen_ ABSL_GUARDED_BY(mu_);  // at the last RefreshLimit
+  std::vector<std::string> shown_ ABSL_GUARDED_BY(mu_);    // node ids with gauges
 };
 
 }  // namespace hlem::router

@@ -53,13 +53,29 @@ grpc::Status RouterServiceImpl::Recommend(grpc::ServerContext* context,
   const absl::Time received = absl::Now();
   const uint32_t before = in_flight_.fetch_add(1, std::memory_order_relaxed);
   grpc::Status st = CheckBearerToken(*context, options_.frontend_token, "hlem.v1.Router");
-  if (st.ok()) {
-    st = options_.max_in_flight > 0 && before >= options_.max_in_flight
-             ? grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                            absl::StrCat("the router is at its limit of ", options_.max_in_flight,
-                                         " calls in flight"))
-             : Route(context, request, response);
+  ConcurrencyLimit::Ticket ticket;
+  bool limited = false;  // holds a ticket of the adaptive limit
+  if (st.ok() && options_.max_in_flight > 0 && before >= options_.max_in_flight) {
+    st = grpc::Status(
+        grpc::StatusCode::RESOURCE_EXHAUSTED,
+        absl::StrCat("the router is at its limit of ", options_.max_in_flight, " calls in flight"));
   }
+  if (st.ok() && options_.concurrency_limit != nullptr) {
+    limited = options_.concurrency_limit->Acquire(&ticket);
+    if (!limited) {
+      const std::string why =
+          ticket.measuring_baseline ? "measuring the unloaded latency"
+          : ticket.baseline == absl::ZeroDuration()
+              ? "the unloaded latency not measured yet"
+              : absl::StrCat("unloaded latency ", absl::FormatDuration(ticket.baseline));
+      st = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat("the router is at its adaptive limit of ", ticket.limit,
+                                     " calls in flight (", why, ")"));
+    }
+  }
+  LatencySample sample = LatencySample::kNone;
+  if (st.ok()) st = Route(context, request, response, &sample);
+  if (limited) options_.concurrency_limit->Release(ticket, sample);
   in_flight_.fetch_sub(1, std::memory_order_relaxed);
   if (metrics_ != nullptr) {
     // An answer's own router time (the total_seconds it carries) is what the metrics count, so
@@ -73,7 +89,7 @@ grpc::Status RouterServiceImpl::Recommend(grpc::ServerContext* context,
 
 grpc::Status RouterServiceImpl::Route(grpc::ServerContext* context,
                                       const v1::RecommendRequest* request,
-                                      v1::RecommendResponse* response) {
+                                      v1::RecommendResponse* response, LatencySample* sample) {
   const absl::Time received = absl::Now();
   const absl::Time deadline = DeadlineOf(*context);
   auto invalid = [](const std::string& message) {
@@ -187,6 +203,7 @@ grpc::Status RouterServiceImpl::Route(grpc::ServerContext* context,
       response->set_route_seconds(route_seconds);
       *response->mutable_node_timings() = out.timings();
       response->set_total_seconds(absl::ToDoubleSeconds(absl::Now() - received));
+      *sample = LatencySample::kFull;
       return grpc::Status::OK;
     }
     // The node did not serve it, so it holds no new K/V of the user: the speculative belief Route
@@ -199,6 +216,10 @@ grpc::Status RouterServiceImpl::Route(grpc::ServerContext* context,
     if (auto it = trailers.find(kShedMetadataKey);
         it != trailers.end() && it->second == kShedLateValue) {
       failed = MarkShedLate(std::move(failed));
+    }
+    // Out of time at a node, or shed after waiting out its queue: the cluster's load shows.
+    if (failed.code() == absl::StatusCode::kDeadlineExceeded || IsShedLate(failed)) {
+      *sample = LatencySample::kLoad;
     }
     if (!RetryElsewhere(failed)) return last;
     if (attempt == 0 && options_.retry) {

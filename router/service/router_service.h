@@ -17,6 +17,7 @@
 #include "hlem/v1/serving_node.grpc.pb.h"
 #include "router/core/calibration.h"
 #include "router/core/cluster.h"
+#include "router/core/concurrency_limit.h"
 #include "router/core/retry_budget.h"
 #include "router/service/router_metrics.h"
 
@@ -32,6 +33,11 @@ struct RouterServiceOptions {
   // Recommend calls being handled at once; beyond it a call is answered RESOURCE_EXHAUSTED at
   // once (0 = no limit): under overload the router sheds at its door instead of queueing.
   uint32_t max_in_flight = 0;
+  // When set, calls beyond its adaptive limit are answered RESOURCE_EXHAUSTED too (after the
+  // fixed one); it is fed the latency of every answer (full samples), and of every call that ran
+  // out of time at a node or was shed late there (load samples; router/core/concurrency_limit.h).
+  // Borrowed.
+  ConcurrencyLimit* concurrency_limit = nullptr;
   // Fed with every answer's costs when set (online calibration; the caller applies its weights).
   CostCalibrator* calibrator = nullptr;
   // When set, every call needs 'authorization: Bearer <token>' (the frontends' token).
@@ -62,8 +68,10 @@ class RouterServiceImpl final : public hlem::v1::Router::Service {
 
  private:
   std::shared_ptr<hlem::v1::ServingNode::StubInterface> Stub(int index) const;
+  // `sample`: what the answer's latency is worth to the adaptive limit (left as it is when
+  // nothing).
   grpc::Status Route(grpc::ServerContext* context, const hlem::v1::RecommendRequest* request,
-                     hlem::v1::RecommendResponse* response);
+                     hlem::v1::RecommendResponse* response, LatencySample* sample);
 
   const RouterServiceOptions options_;
   Cluster& cluster_;

@@ -1,6 +1,7 @@
 // The router's gRPC service in-process over a fake node (a gRPC server on loopback whose Infer
-// waits until released): the door limit (--max-in-flight) and the frontend token; over refusing
-// nodes, which refusals the router retries elsewhere; and its residency feed's Cancel.
+// waits until released): the door limits (--max-in-flight, --adaptive-in-flight) and the frontend
+// token; over refusing nodes, which refusals the router retries elsewhere; and its residency
+// feed's Cancel.
 #include "router/service/router_service.h"
 
 #include <atomic>
@@ -91,6 +92,23 @@ class RouterServiceTest : public ::testing::Test {
     const v1::RecommendRequest request = Request(user);
     return service_->Recommend(&context, &request, response);
   }
+  // Sends `n` calls (users 1 .. n) on threads of their own and waits until the held node has
+  // them; their answers go to `held` once the node is released and the threads joined.
+  std::vector<std::thread> HoldCalls(int n, std::vector<grpc::Status>* held) {
+    held->assign(static_cast<size_t>(n), grpc::Status());
+    std::vector<std::thread> threads;
+    for (int i = 0; i < n; ++i) {
+      threads.emplace_back([this, held, i] {
+        v1::RecommendResponse response;
+        (*held)[static_cast<size_t>(i)] = Call(static_cast<uint64_t>(i + 1), &response);
+      });
+    }
+    for (const absl::Time until = absl::Now() + absl::Seconds(10);
+         node_.calls() < n && absl::Now() < until;) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return threads;
+  }
 
   RealClock clock_;
   HeldNode node_;
@@ -103,18 +121,8 @@ class RouterServiceTest : public ::testing::Test {
 // RESOURCE_EXHAUSTED (not queued); once the two finish, the door opens again.
 TEST_F(RouterServiceTest, MaxInFlightShedsAtTheDoor) {
   Start({.max_in_flight = 2});
-  std::vector<grpc::Status> held(2);
-  std::vector<std::thread> threads;
-  for (int i = 0; i < 2; ++i) {
-    threads.emplace_back([&, i] {
-      v1::RecommendResponse response;
-      held[static_cast<size_t>(i)] = Call(static_cast<uint64_t>(i + 1), &response);
-    });
-  }
-  for (const absl::Time until = absl::Now() + absl::Seconds(10);
-       node_.calls() < 2 && absl::Now() < until;) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
+  std::vector<grpc::Status> held;
+  std::vector<std::thread> threads = HoldCalls(2, &held);
   ASSERT_EQ(node_.calls(), 2);
   for (int i = 0; i < 4; ++i) {
     v1::RecommendResponse response;
@@ -132,6 +140,51 @@ TEST_F(RouterServiceTest, MaxInFlightShedsAtTheDoor) {
   v1::RecommendResponse response;
   EXPECT_TRUE(Call(99, &response).ok());  // the count came back down
   EXPECT_EQ(node_.calls(), 3);
+}
+
+// The adaptive limit (--adaptive-in-flight) at the door: until it has measured the unloaded
+// latency it lets initial_limit calls through and refuses the rest at once; the OK answers are
+// its samples (an invalid request's answer is not: with it, three held answers would complete
+// the four).
+TEST_F(RouterServiceTest, TheAdaptiveLimitShedsAtTheDoorAndLearnsFromTheAnswers) {
+  ConcurrencyLimit limit({.min_limit = 3,
+                          .max_limit = 8,
+                          .initial_limit = 3,
+                          .min_samples = 100,  // no update during the test
+                          .rebaseline_every = absl::Hours(1),
+                          .first_baseline_within = absl::Hours(1),
+                          .baseline_samples = 4},
+                         clock_);
+  Start({.concurrency_limit = &limit});
+  {
+    grpc::ServerContext context;
+    v1::RecommendRequest bad = Request(5);
+    bad.clear_candidates();
+    v1::RecommendResponse response;
+    EXPECT_EQ(service_->Recommend(&context, &bad, &response).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  std::vector<grpc::Status> held;
+  std::vector<std::thread> threads = HoldCalls(3, &held);
+  ASSERT_EQ(node_.calls(), 3);
+  v1::RecommendResponse response;
+  const grpc::Status refused = Call(10, &response);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(refused.error_message(), HasSubstr("adaptive limit of 3"));
+  EXPECT_THAT(refused.error_message(), HasSubstr("not measured yet"));
+  EXPECT_EQ(node_.calls(), 3);
+  absl::SleepFor(absl::Milliseconds(20));
+  node_.Release();
+  for (std::thread& t : threads) t.join();
+  for (const grpc::Status& s : held) EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(limit.Stats().baselines, 0u);  // three samples of four: the invalid one is none
+  EXPECT_TRUE(Call(11, &response).ok());
+  const ConcurrencyLimitStats s = limit.Stats();
+  EXPECT_EQ(s.baselines, 1u);
+  EXPECT_GE(s.baseline, absl::Milliseconds(20));  // the held calls' latency
+  EXPECT_EQ(s.limit, 3u);
+  EXPECT_EQ(s.in_flight, 0u);
+  EXPECT_EQ(s.refused, 1u);
 }
 
 TEST_F(RouterServiceTest, NoLimitByDefault) {
