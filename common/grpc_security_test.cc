@@ -1,5 +1,7 @@
 #include "common/grpc_security.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -8,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -253,6 +256,41 @@ TEST(TokenFileTest, ReadsTrimsAndReloadsWhenTheFileChanges) {
   EXPECT_EQ((*token)->Get(), "second-token");
   fs::remove(path);  // gone: the same
   EXPECT_EQ((*token)->Get(), "second-token");
+}
+
+// A call that comes while another re-reads the rotated file waits for that read (up to 1 s)
+// instead of answering with the token the file no longer holds. The read is held up by a FIFO in
+// the file's place: it blocks until the test writes the new token into it.
+TEST(TokenFileTest, ACallDuringAReReadGetsTheNewToken) {
+  const std::string dir = ::testing::TempDir() + "/token-fifo-" + std::to_string(::getpid());
+  fs::create_directories(dir);
+  const std::string path = dir + "/token", fifo = dir + "/fifo";
+  WriteFile(path, "old-token\n");
+  auto token = TokenFile::Open(path, absl::Milliseconds(300));
+  ASSERT_TRUE(token.ok()) << token.status();
+  ASSERT_EQ((*token)->Get(), "old-token");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  fs::rename(fifo, path);
+  absl::SleepFor(absl::Milliseconds(350));  // past the recheck: the next call re-reads
+  std::string first, second;
+  std::thread reader([&] { first = (*token)->Get(); });
+  // The reader has the FIFO open once a writer can open it without blocking.
+  int fd = -1;
+  for (const absl::Time until = absl::Now() + absl::Seconds(10); fd < 0 && absl::Now() < until;) {
+    fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK);
+    if (fd < 0) absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_GE(fd, 0) << "the reader never opened the token file";
+  std::thread waiter([&] { second = (*token)->Get(); });
+  absl::SleepFor(absl::Milliseconds(100));  // the waiter arrives while the read is held
+  const std::string content = "new-token\n";
+  EXPECT_EQ(::write(fd, content.data(), content.size()), static_cast<ssize_t>(content.size()));
+  ::close(fd);
+  reader.join();
+  waiter.join();
+  EXPECT_EQ(first, "new-token");
+  EXPECT_EQ(second, "new-token");  // not the old one, which the file no longer holds
+  fs::remove_all(dir);
 }
 
 TEST(ListenAddressTest, LoopbackTellsHostOnlyAddressesFromReachableOnes) {

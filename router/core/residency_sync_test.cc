@@ -19,6 +19,7 @@ class FakeFeed final : public ResidencyFeed {
       uint64_t epoch, uint64_t from_seq,
       const std::function<bool(uint64_t, const std::vector<ResidencyEvent>&)>& on_batch) override {
     ++streams;
+    if (cancelled) return absl::CancelledError("cancelled");
     if (down) return absl::UnavailableError("node down");
     if (epoch != 0 && epoch != this->epoch) return absl::FailedPreconditionError("epoch");
     if (from_seq < first_retained) return absl::FailedPreconditionError("dropped");
@@ -36,6 +37,7 @@ class FakeFeed final : public ResidencyFeed {
   }
   absl::StatusOr<serving::ResidencySnapshot> Snapshot() override {
     ++snapshots;
+    if (cancelled) return absl::CancelledError("cancelled");
     if (down) return absl::UnavailableError("node down");
     serving::ResidencySnapshot s{.epoch = epoch, .seq = snapshot_seq};
     s.users = snapshot_users;
@@ -61,6 +63,7 @@ class FakeFeed final : public ResidencyFeed {
   std::vector<ResidencyEvent> log;
   std::vector<std::pair<uint64_t, uint64_t>> snapshot_users;
   bool down = false;
+  bool cancelled = false;  // as after Cancel(): the calls end CANCELLED
   int streams = 0, snapshots = 0;
 };
 
@@ -132,6 +135,30 @@ TEST_F(ResidencySyncTest, DroppedEventsNewEpochsAndDownNodesResnapshot) {
   EXPECT_GE(clock_.Now() - before, absl::Milliseconds(500));
   EXPECT_EQ(Status().view, NodeView::kExact);
   EXPECT_GE(sync_->stats().failures, 1u);
+}
+
+// Stop() cancels the feed when the node is dropped: a snapshot or a stream that ends CANCELLED is
+// not the node's failure (no unreachable mark, no failure counted, no backoff before the next
+// step).
+TEST_F(ResidencySyncTest, ACancelledSnapshotOrStreamIsNoFailure) {
+  const NodeView initial = Status().view;
+  feed_.cancelled = true;
+  sync_->Step();  // the snapshot, cancelled
+  EXPECT_EQ(feed_.snapshots, 1);
+  EXPECT_EQ(Status().view, initial);
+  EXPECT_EQ(sync_->stats().failures, 0u);
+  EXPECT_EQ(sync_->stats().snapshots, 0u);
+  feed_.cancelled = false;
+  sync_->Step();  // the snapshot
+  ASSERT_EQ(Status().view, NodeView::kExact);
+  feed_.cancelled = true;
+  const absl::Time before = clock_.Now();
+  sync_->Step();  // the stream, cancelled
+  sync_->Step();  // again: no backoff first
+  EXPECT_EQ(feed_.streams, 2);
+  EXPECT_EQ(clock_.Now(), before);
+  EXPECT_EQ(Status().view, NodeView::kExact);
+  EXPECT_EQ(sync_->stats().failures, 0u);
 }
 
 }  // namespace
