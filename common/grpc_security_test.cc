@@ -280,16 +280,30 @@ TEST(TokenFileTest, ACallDuringAReReadGetsTheNewToken) {
     fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK);
     if (fd < 0) absl::SleepFor(absl::Milliseconds(5));
   }
-  ASSERT_GE(fd, 0) << "the reader never opened the token file";
-  std::thread waiter([&] { second = (*token)->Get(); });
-  absl::SleepFor(absl::Milliseconds(100));  // the waiter arrives while the read is held
+  if (fd < 0) {
+    ADD_FAILURE() << "the reader never opened the token file";
+    WriteFile(path, "new-token\n");  // whatever the reader does, it ends
+    reader.join();
+    fs::remove_all(dir);
+    return;
+  }
+  absl::Duration waited;
+  std::thread waiter([&] {
+    const absl::Time start = absl::Now();
+    second = (*token)->Get();
+    waited = absl::Now() - start;
+  });
+  absl::SleepFor(absl::Milliseconds(200));  // the waiter arrives while the read is held
   const std::string content = "new-token\n";
   EXPECT_EQ(::write(fd, content.data(), content.size()), static_cast<ssize_t>(content.size()));
   ::close(fd);
   reader.join();
+  // A regular file again: a waiter that came late and re-reads finds no FIFO to block on.
+  WriteFile(path, "new-token\n");
   waiter.join();
   EXPECT_EQ(first, "new-token");
   EXPECT_EQ(second, "new-token");  // not the old one, which the file no longer holds
+  EXPECT_GE(waited, absl::Milliseconds(20)) << "the waiter came after the read: nothing tested";
   fs::remove_all(dir);
 }
 

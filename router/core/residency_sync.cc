@@ -18,7 +18,8 @@ void ResidencySync::Step() {
   if (snapshot) {
     absl::StatusOr<serving::ResidencySnapshot> s = feed_.Snapshot();
     absl::MutexLock lock(&mu_);
-    if (absl::IsCancelled(s.status())) return;  // Stop() ended it: the node is being dropped
+    // Stop() ended it: the node is being dropped. A cancel from the node's side is a failure.
+    if (absl::IsCancelled(s.status()) && stopping_) return;
     if (!s.ok()) {
       cluster_.SetUnreachable(node_);
       ++stats_.failures;
@@ -65,7 +66,7 @@ void ResidencySync::Step() {
     const absl::StatusCode code = st.code();
     if (code == absl::StatusCode::kFailedPrecondition || code == absl::StatusCode::kOutOfRange) {
       need_snapshot_ = true;  // the node no longer retains those events, or restarted
-    } else if (code != absl::StatusCode::kCancelled) {
+    } else if (code != absl::StatusCode::kCancelled || !stopping_) {
       cluster_.SetUnreachable(node_);
       need_snapshot_ = true;
       failed_ = true;

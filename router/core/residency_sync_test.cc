@@ -1,5 +1,6 @@
 #include "router/core/residency_sync.h"
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -19,6 +20,7 @@ class FakeFeed final : public ResidencyFeed {
       uint64_t epoch, uint64_t from_seq,
       const std::function<bool(uint64_t, const std::vector<ResidencyEvent>&)>& on_batch) override {
     ++streams;
+    if (during) during();
     if (cancelled) return absl::CancelledError("cancelled");
     if (down) return absl::UnavailableError("node down");
     if (epoch != 0 && epoch != this->epoch) return absl::FailedPreconditionError("epoch");
@@ -37,6 +39,7 @@ class FakeFeed final : public ResidencyFeed {
   }
   absl::StatusOr<serving::ResidencySnapshot> Snapshot() override {
     ++snapshots;
+    if (during) during();
     if (cancelled) return absl::CancelledError("cancelled");
     if (down) return absl::UnavailableError("node down");
     serving::ResidencySnapshot s{.epoch = epoch, .seq = snapshot_seq};
@@ -63,7 +66,8 @@ class FakeFeed final : public ResidencyFeed {
   std::vector<ResidencyEvent> log;
   std::vector<std::pair<uint64_t, uint64_t>> snapshot_users;
   bool down = false;
-  bool cancelled = false;  // as after Cancel(): the calls end CANCELLED
+  bool cancelled = false;        // the calls end CANCELLED
+  std::function<void()> during;  // runs inside each call (e.g. a Stop() racing it)
   int streams = 0, snapshots = 0;
 };
 
@@ -137,28 +141,48 @@ TEST_F(ResidencySyncTest, DroppedEventsNewEpochsAndDownNodesResnapshot) {
   EXPECT_GE(sync_->stats().failures, 1u);
 }
 
-// Stop() cancels the feed when the node is dropped: a snapshot or a stream that ends CANCELLED is
-// not the node's failure (no unreachable mark, no failure counted, no backoff before the next
-// step).
-TEST_F(ResidencySyncTest, ACancelledSnapshotOrStreamIsNoFailure) {
+// Stop() cancels the feed when the node is dropped: a snapshot or a stream that it ends with
+// CANCELLED is not the node's failure (no unreachable mark, no failure counted, no backoff).
+TEST_F(ResidencySyncTest, ACallThatStopCancelsIsNoFailure) {
   const NodeView initial = Status().view;
   feed_.cancelled = true;
-  sync_->Step();  // the snapshot, cancelled
+  feed_.during = [this] { sync_->Stop(); };
+  const absl::Time before = clock_.Now();
+  sync_->Step();  // the snapshot, cancelled by Stop()
   EXPECT_EQ(feed_.snapshots, 1);
   EXPECT_EQ(Status().view, initial);
+  EXPECT_EQ(clock_.Now(), before);
   EXPECT_EQ(sync_->stats().failures, 0u);
   EXPECT_EQ(sync_->stats().snapshots, 0u);
+  // A stream: a second sync of the node, past its snapshot.
   feed_.cancelled = false;
-  sync_->Step();  // the snapshot
+  feed_.during = nullptr;
+  ResidencySync sync(*cluster_, node_, feed_, clock_);
+  sync.Step();  // the snapshot
   ASSERT_EQ(Status().view, NodeView::kExact);
   feed_.cancelled = true;
-  const absl::Time before = clock_.Now();
-  sync_->Step();  // the stream, cancelled
-  sync_->Step();  // again: no backoff first
-  EXPECT_EQ(feed_.streams, 2);
+  feed_.during = [&sync] { sync.Stop(); };
+  sync.Step();  // the stream, cancelled by Stop()
+  EXPECT_EQ(feed_.streams, 1);
   EXPECT_EQ(clock_.Now(), before);
   EXPECT_EQ(Status().view, NodeView::kExact);
-  EXPECT_EQ(sync_->stats().failures, 0u);
+  EXPECT_EQ(sync.stats().failures, 0u);
+}
+
+// CANCELLED without a Stop() came from the node's side (its server shutting down): a failure like
+// any other, not a reason to call again at once.
+TEST_F(ResidencySyncTest, ACancelFromTheNodeIsAFailure) {
+  feed_.cancelled = true;
+  sync_->Step();  // the snapshot
+  EXPECT_EQ(Status().view, NodeView::kUnreachable);
+  EXPECT_EQ(sync_->stats().failures, 1u);
+  feed_.cancelled = false;
+  sync_->Step();  // backs off, then snapshots
+  ASSERT_EQ(Status().view, NodeView::kExact);
+  feed_.cancelled = true;
+  sync_->Step();  // the stream
+  EXPECT_EQ(Status().view, NodeView::kUnreachable);
+  EXPECT_EQ(sync_->stats().failures, 2u);
 }
 
 }  // namespace
