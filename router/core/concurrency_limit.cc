@@ -115,7 +115,6 @@ bool ConcurrencyLimit::Acquire(Ticket* ticket) {
   peak_in_flight_ = std::max(peak_in_flight_, in_flight_);
   const bool uncrowded = in_flight_ <= options_.min_limit;
   if (!uncrowded) ++crowdings_;
-  ++stats_.admitted;
   ticket->start = now;
   ticket->uncrowded = uncrowded;
   ticket->crowdings = crowdings_;

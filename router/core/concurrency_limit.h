@@ -71,7 +71,7 @@ struct ConcurrencyLimitStats {
   uint32_t in_flight = 0;
   absl::Duration baseline = absl::ZeroDuration();  // zero until the first is measured
   bool measuring_baseline = false;
-  uint64_t admitted = 0, refused = 0;
+  uint64_t refused = 0;
   uint64_t updates = 0, baselines = 0;  // limit updates and baselines measured
   uint64_t forced_baselines = 0;        // phases at min_limit (the router busy too long)
 };

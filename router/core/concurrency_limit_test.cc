@@ -16,7 +16,7 @@
 namespace hlem::router {
 namespace {
 
-ConcurrencyLimitOptions Small() {
+ConcurrencyLimitOptions Small(uint32_t baseline_samples = 10) {
   return {.min_limit = 2,
           .max_limit = 64,
           .initial_limit = 8,
@@ -25,7 +25,7 @@ ConcurrencyLimitOptions Small() {
           .interval = absl::Milliseconds(100),
           .min_samples = 10,
           .rebaseline_every = absl::Seconds(30),
-          .baseline_samples = 10};
+          .baseline_samples = baseline_samples};
 }
 
 // Runs `n` calls one after another, each answered `latency` after it started.
@@ -197,9 +197,7 @@ TEST(ConcurrencyLimitTest, SlowAnswersBelowTheLimitDoNotLowerIt) {
 
 TEST(ConcurrencyLimitTest, LoadSamplesLowerTheLimitButMakeNoBaseline) {
   SimClock clock;
-  ConcurrencyLimitOptions o = Small();
-  o.baseline_samples = 2;
-  ConcurrencyLimit limit(o, clock);
+  ConcurrencyLimit limit(Small(/*baseline_samples=*/2), clock);
   Serial(limit, clock, 2, absl::Milliseconds(10));
   // Uncrowded calls that ran out of time: no baseline of 1 s.
   for (int i = 0; i < 4; ++i) {
@@ -245,9 +243,7 @@ TEST(ConcurrencyLimitTest, TheLimitGrowsOnlyWhereItIsUsed) {
 
 TEST(ConcurrencyLimitTest, TheBaselineIsTakenFromUncrowdedCallsOnly) {
   SimClock clock;
-  ConcurrencyLimitOptions o = Small();
-  o.baseline_samples = 2;
-  ConcurrencyLimit limit(o, clock);
+  ConcurrencyLimit limit(Small(/*baseline_samples=*/2), clock);
   Serial(limit, clock, 2, absl::Milliseconds(10));
   ASSERT_EQ(limit.Stats().baseline, absl::Milliseconds(10));
   // Calls one at a time re-measure it as they come, without a phase at min_limit.
@@ -272,9 +268,8 @@ TEST(ConcurrencyLimitTest, TheBaselineIsTakenFromUncrowdedCallsOnly) {
 
 TEST(ConcurrencyLimitTest, WithoutUncrowdedCallsTheBaselineIsMeasuredAtMinLimit) {
   SimClock clock;
-  ConcurrencyLimitOptions o = Small();
+  ConcurrencyLimitOptions o = Small(/*baseline_samples=*/2);
   o.rebaseline_every = absl::Seconds(1);
-  o.baseline_samples = 2;
   ConcurrencyLimit limit(o, clock);
   Serial(limit, clock, 2, absl::Milliseconds(10));
   Serial(limit, clock, 1, absl::Milliseconds(100));  // one sample of the next baseline's two
